@@ -1,0 +1,146 @@
+"""Local training and evaluation, with room for per-sample loss weights.
+
+The loop is written once for every method. A method that re-weights its own
+samples (UFL's uncertainty weights, FLood's energy-score weights) passes a
+:class:`SampleWeighting`: given a batch's logits, labels and the samples'
+local indices it returns one weight per sample, and the batch loss becomes
+
+    sum_i w_i * CE_i / B            (default, as UFL's paper does), or
+    sum_i w_i * CE_i / sum_i w_i    (``normalize=True``).
+
+FedProx's proximal term ``mu/2 * ||w - w_global||^2`` is added when
+``proximal_mu > 0``. The reported ``train_loss`` is the per-sample mean of
+the plain (unweighted) cross-entropy over all local epochs, each batch's loss
+taken before its step: exactly the quantity FedNolowe weighs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedweigh.data.loader import batches
+from fedweigh.data.tensors import ImageTensors
+from fedweigh.data.transforms import BatchTransform
+
+
+@dataclass(frozen=True)
+class OptimizerRecipe:
+    """How a client trains locally; sent by the strategy each round."""
+
+    local_epochs: int = 1
+    batch_size: int = 32
+    learning_rate: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    proximal_mu: float = 0.0
+
+
+class SampleWeighting(Protocol):
+    """Per-sample loss weights for one batch (see the module docstring)."""
+
+    normalize: bool
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    """What local training reports."""
+
+    train_loss: float
+    num_examples: int
+    steps: int
+    seconds: float
+
+
+def weighted_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None, normalize: bool = False
+) -> torch.Tensor:
+    """Batch loss ``sum(w * CE) / B`` (or ``/ sum(w)``); plain mean CE without weights."""
+    per_sample = F.cross_entropy(logits, labels, reduction="none")
+    if weights is None:
+        return per_sample.mean()
+    weighted = (weights * per_sample).sum()
+    return weighted / weights.sum() if normalize else weighted / len(labels)
+
+
+def proximal_term(model: nn.Module, anchor: list[torch.Tensor]) -> torch.Tensor:
+    """``sum ||w - w_anchor||^2`` over trainable parameters."""
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    return sum(((p - a) ** 2).sum() for p, a in zip(parameters, anchor, strict=True))
+
+
+def train_locally(
+    model: nn.Module,
+    data: ImageTensors,
+    recipe: OptimizerRecipe,
+    transform: BatchTransform,
+    device: torch.device,
+    generator: torch.Generator,
+    sample_weighting: SampleWeighting | None = None,
+) -> TrainStats:
+    """Run ``recipe.local_epochs`` epochs of SGD on ``data`` in place on ``model``."""
+    started = time.perf_counter()
+    model.to(device)
+    model.train()
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=recipe.learning_rate, momentum=recipe.momentum, weight_decay=recipe.weight_decay
+    )
+    anchor = (
+        [p.detach().clone() for p in model.parameters() if p.requires_grad] if recipe.proximal_mu > 0 else []
+    )
+    loss_sum = 0.0
+    steps = 0
+    for _ in range(recipe.local_epochs):
+        for images, labels, indices in batches(data, recipe.batch_size, shuffle=True, generator=generator):
+            inputs = transform(images.to(device), train=True, generator=generator)
+            labels = labels.to(device)
+            logits = model(inputs)
+            weights = sample_weighting(logits, labels, indices) if sample_weighting else None
+            loss = weighted_cross_entropy(
+                logits, labels, weights, normalize=bool(sample_weighting and sample_weighting.normalize)
+            )
+            if anchor:
+                loss = loss + 0.5 * recipe.proximal_mu * proximal_term(model, anchor)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            with torch.no_grad():
+                loss_sum += F.cross_entropy(logits.detach(), labels, reduction="sum").item()
+            steps += 1
+    seen = recipe.local_epochs * len(data)
+    return TrainStats(
+        train_loss=loss_sum / seen, num_examples=len(data), steps=steps, seconds=time.perf_counter() - started
+    )
+
+
+@dataclass(frozen=True)
+class EvalStats:
+    """Loss and accuracy of a model on a dataset."""
+
+    loss: float
+    accuracy: float
+    num_examples: int
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, data: ImageTensors, transform: BatchTransform, device: torch.device, batch_size: int = 512
+) -> EvalStats:
+    """Mean cross-entropy and top-1 accuracy, in eval mode, without augmentation."""
+    model.to(device)
+    model.eval()
+    loss_sum, correct = 0.0, 0
+    for images, labels, _ in batches(data, batch_size, shuffle=False, generator=None):
+        logits = model(transform(images.to(device), train=False, generator=None))
+        labels = labels.to(device)
+        loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
+        correct += int((logits.argmax(dim=1) == labels).sum().item())
+    count = len(data)
+    return EvalStats(loss=loss_sum / count, accuracy=correct / count, num_examples=count)

@@ -1,0 +1,156 @@
+"""The one ClientApp: it executes whatever recipe the strategy sends.
+
+* ``query``: tells the server which data partition this node holds, so that
+  client sampling can be seeded by partition (see
+  :mod:`fedweigh.strategies.sampling`).
+* ``train``: loads the global model, runs the recipe's client steps before
+  training (sample weights, signals on the global model), trains locally,
+  runs the steps after training (signals on the trained model), and replies
+  with the model and a MetricRecord: ``num-examples``, ``train_loss``,
+  ``partition-id`` and each step's signals.
+* ``evaluate``: loss and accuracy of the global model on the local partition.
+
+The node's partition comes from its node config (``partition-id`` and
+``num-partitions``), as in every Flower simulation and as set with
+``flower-supernode --node-config`` in a deployment.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from torch import nn
+
+import fedweigh.strategies  # noqa: F401  (its paper modules register their client steps)
+from fedweigh.client.steps import StepContext, build_steps, combine
+from fedweigh.client.training import OptimizerRecipe, evaluate, train_locally
+from fedweigh.components import (
+    batch_transform,
+    configure_torch,
+    data_spec,
+    new_model,
+    resolve_device,
+    settings_from,
+)
+from fedweigh.data.federated import load_partition
+from fedweigh.settings import Settings
+
+app = ClientApp()
+
+
+def partition_of(context: Context) -> tuple[int, int]:
+    """``(partition-id, num-partitions)`` from the node config; clear error if absent."""
+    config = context.node_config
+    if "partition-id" not in config or "num-partitions" not in config:
+        raise ValueError(
+            "this SuperNode has no data partition: start it with "
+            "--node-config \"partition-id=<i> num-partitions=<n>\""
+        )
+    return int(config["partition-id"]), int(config["num-partitions"])
+
+
+def client_seed(seed: int, server_round: int, partition_id: int) -> int:
+    """A seed per (run seed, round, partition), independent of node ids and history."""
+    return zlib.crc32(f"{seed}/{server_round}/{partition_id}".encode()) & 0x7FFFFFFF
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_model(settings: Settings) -> nn.Module:
+    return new_model(settings)
+
+
+def _recipe(config: ConfigRecord) -> OptimizerRecipe:
+    return OptimizerRecipe(
+        local_epochs=int(config["local-epochs"]),
+        batch_size=int(config["batch-size"]),
+        learning_rate=float(config["learning-rate"]),
+        momentum=float(config["momentum"]),
+        weight_decay=float(config["weight-decay"]),
+        proximal_mu=float(config.get("proximal-mu", 0.0)),
+    )
+
+
+def _setup(message: Message, context: Context) -> tuple[Settings, nn.Module, torch.device, int, int]:
+    configure_torch()
+    settings = settings_from(context.run_config)
+    partition_id, num_partitions = partition_of(context)
+    device = resolve_device(settings.device)
+    model = _cached_model(settings)
+    model.load_state_dict(message.content["arrays"].to_torch_state_dict())
+    return settings, model.to(device), device, partition_id, num_partitions
+
+
+@app.query()
+def describe(message: Message, context: Context) -> Message:
+    """Reply with this node's partition id (-1 when it has none)."""
+    config = context.node_config
+    metrics = MetricRecord(
+        {
+            "partition-id": int(config.get("partition-id", -1)),
+            "num-partitions": int(config.get("num-partitions", 0)),
+        }
+    )
+    return Message(RecordDict({"metrics": metrics}), reply_to=message)
+
+
+@app.train()
+def train(message: Message, context: Context) -> Message:
+    """Run the recipe in the train ConfigRecord and reply with model and signals."""
+    settings, model, device, partition_id, num_partitions = _setup(message, context)
+    config = message.content["config"]
+    server_round = int(config["server-round"])
+    data = load_partition(data_spec(settings, num_partitions), partition_id)
+    seed = client_seed(settings.seed, server_round, partition_id)
+    torch.manual_seed(seed)  # dropout draws from the global generator
+    generator = torch.Generator().manual_seed(seed)
+    step_context = StepContext(
+        model=model,
+        data=data,
+        transform=batch_transform(settings),
+        device=device,
+        seed=seed,
+        partition_id=partition_id,
+        server_round=server_round,
+        options=dict(config),
+    )
+    steps = build_steps(list(config.get("client-steps", [])))
+    weightings, signals = [], {}
+    for step in steps:
+        weighting, metrics = step.before_training(step_context)
+        signals.update(metrics)
+        if weighting is not None:
+            weightings.append(weighting)
+
+    stats = train_locally(
+        model, data, _recipe(config), step_context.transform, device, generator, combine(weightings)
+    )
+    for step in steps:
+        signals.update(step.after_training(step_context))
+
+    metrics = MetricRecord(
+        {
+            "num-examples": stats.num_examples,
+            "train_loss": stats.train_loss,
+            "partition-id": partition_id,
+            "train-seconds": stats.seconds,
+            **{key: float(value) for key, value in signals.items()},
+        }
+    )
+    arrays = ArrayRecord(model.state_dict())
+    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=message)
+
+
+@app.evaluate()
+def evaluate_locally(message: Message, context: Context) -> Message:
+    """Loss and accuracy of the received model on this node's partition."""
+    settings, model, device, partition_id, num_partitions = _setup(message, context)
+    data = load_partition(data_spec(settings, num_partitions), partition_id)
+    result = evaluate(model, data, batch_transform(settings), device, settings.eval_batch_size)
+    metrics = MetricRecord(
+        {"num-examples": result.num_examples, "eval_loss": result.loss, "eval_acc": result.accuracy}
+    )
+    return Message(RecordDict({"metrics": metrics}), reply_to=message)

@@ -1,0 +1,339 @@
+"""The data entry points of the apps: a client's partition, the test split.
+
+Everything here is cached per process and keyed by a frozen :class:`DataSpec`:
+a simulation worker or a SuperNode loads and partitions the dataset once and
+decodes each partition once, not once per message. The cached tensors are
+shared by every caller; do not modify them in place.
+
+Pipeline, for a Hub id or a local parquet folder (through
+:class:`flwr_datasets.FederatedDataset`):
+
+1. load the ``train`` and ``test`` splits;
+2. shuffle both with ``seed``;
+3. optionally keep a random ``train_subset`` / ``test_subset`` of them
+   (a seeded preprocessor; 0 keeps everything);
+4. partition ``train`` with the ``partitioner`` setting, seeded by ``seed``;
+5. optionally cap rare clients and flip noisy clients' labels
+   (:mod:`fedweigh.data.partition_edits`; off unless ``rare_clients`` or
+   ``noisy_clients`` is positive).
+
+The digits go through the same steps in memory (the partitioner is bound to
+the dataset directly). For a Hub id, the first load downloads the dataset
+into the Hugging Face cache; for a local folder it builds an Arrow cache of
+the parquet files (set ``HF_HOME`` to choose where).
+
+Example
+-------
+>>> spec = DataSpec(dataset="digits", partitioner="iid", num_partitions=4, seed=1)
+>>> sum(partition_sizes(spec)), len(load_test_split(spec))
+(1437, 360)
+>>> load_partition(spec, 0).images.shape
+torch.Size([360, 1, 8, 8])
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass
+
+import datasets
+import numpy as np
+import torch
+from flwr_datasets import FederatedDataset
+from flwr_datasets.partitioner import Partitioner
+
+from fedweigh.data.partition_edits import PartitionEdits, edit_partitions
+from fedweigh.data.partitioning import PARTITIONERS, build_partitioner
+from fedweigh.data.sources import DatasetInfo, describe, load_digits, resolve_source, validate_dataset_setting
+from fedweigh.data.tensors import ImageTensors, decode_images, decode_labels, to_image_tensors
+
+# One lock for all the caches: a second thread asking for the same data waits
+# for the first to finish loading it instead of loading it again.
+_LOCK = threading.RLock()
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Everything that determines the clients' data; hashable, so it keys the caches.
+
+    Attributes
+    ----------
+    dataset : str
+        ``"digits"``, a folder with ``train.parquet`` and ``test.parquet``, or
+        a Hub id ``owner/name`` (see :mod:`fedweigh.data.sources`); stored in
+        its canonical form (folders as absolute paths).
+    partitioner : str
+        ``"iid"``, ``"dirichlet"``, ``"pathological"`` or ``"shard"``
+        (see :mod:`fedweigh.data.partitioning`).
+    num_partitions : int
+        Number of clients.
+    seed : int
+        Seeds the shuffle, the subsets and the partitioner.
+    dirichlet_alpha, classes_per_client, shards_per_client, min_partition_size
+        Parameters of the partitioners.
+    train_subset, test_subset : int
+        Keep only this many random train (before partitioning) and test
+        images; 0 keeps all.
+    rare_clients, rare_client_cap, noisy_clients, label_noise
+        Partition edits of the FedOUI experiments (see
+        :mod:`fedweigh.data.partition_edits`); fractions of 0 edit nothing.
+    """
+
+    dataset: str = "digits"
+    partitioner: str = "dirichlet"
+    num_partitions: int = 10
+    seed: int = 1
+    dirichlet_alpha: float = 0.5
+    classes_per_client: int = 2
+    shards_per_client: int = 2
+    min_partition_size: int = 0
+    train_subset: int = 0
+    test_subset: int = 0
+    rare_clients: float = 0.0
+    rare_client_cap: int = 120
+    noisy_clients: float = 0.0
+    label_noise: float = 0.4
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dataset", validate_dataset_setting(self.dataset))
+        if self.partitioner not in PARTITIONERS:
+            raise ValueError(f"invalid setting partitioner = {self.partitioner!r}; accepted: {', '.join(PARTITIONERS)}")
+        for name, minimum in (
+            ("num_partitions", 1),
+            ("classes_per_client", 1),
+            ("shards_per_client", 1),
+            ("min_partition_size", 0),
+            ("train_subset", 0),
+            ("test_subset", 0),
+            ("rare_client_cap", 1),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        if not self.dirichlet_alpha > 0:
+            raise ValueError(f"dirichlet_alpha must be > 0, got {self.dirichlet_alpha!r}")
+        for name, upper in (("rare_clients", 1.0), ("noisy_clients", 1.0), ("label_noise", 1.0)):
+            if not 0.0 <= getattr(self, name) <= upper:
+                raise ValueError(f"{name} must be in [0, {upper}], got {getattr(self, name)!r}")
+
+    @property
+    def edits_partitions(self) -> bool:
+        """Whether rare-client or noisy-client edits apply."""
+        return self.rare_clients > 0 or (self.noisy_clients > 0 and self.label_noise > 0)
+
+
+@dataclass(frozen=True)
+class SubsetSplits:
+    """Preprocessor keeping a seeded random subset of the train and test splits.
+
+    Parameters
+    ----------
+    train_size, test_size : int
+        Images to keep from ``train`` / ``test``; 0 keeps the whole split.
+    seed : int
+        The two draws use independent streams of this seed, so the test
+        subset does not depend on ``train_size``.
+
+    Examples
+    --------
+    >>> splits = SubsetSplits(100, 50, seed=1)(load_digits())
+    >>> splits["train"].num_rows, splits["test"].num_rows
+    (100, 50)
+    """
+
+    train_size: int
+    test_size: int
+    seed: int
+
+    def __call__(self, splits: datasets.DatasetDict) -> datasets.DatasetDict:
+        kept = dict(splits)
+        for stream, (name, size) in enumerate((("train", self.train_size), ("test", self.test_size))):
+            if size == 0:
+                continue
+            if name not in splits:
+                raise ValueError(f"the dataset has no {name!r} split (splits: {list(splits)})")
+            available = splits[name].num_rows
+            if size > available:
+                raise ValueError(f"{name}_subset = {size} exceeds the {available} images of the {name} split")
+            rows = np.random.default_rng([self.seed, stream]).choice(available, size=size, replace=False)
+            kept[name] = splits[name].select(rows)
+        return datasets.DatasetDict(kept)
+
+
+@dataclass(frozen=True, eq=False)
+class _Federation:
+    partitioner: Partitioner  # bound to the (shuffled, subset) train split
+    test: datasets.Dataset
+
+
+def dataset_info(dataset: str) -> DatasetInfo:
+    """Classes, channels, size, normalisation and columns of a dataset (cached).
+
+    The first call for an unknown dataset computes its normalisation from its
+    train split (see :func:`fedweigh.data.sources.describe`).
+
+    Examples
+    --------
+    >>> dataset_info("digits").image_size
+    8
+    """
+    return _dataset_info(validate_dataset_setting(dataset))
+
+
+@functools.cache
+def _dataset_info(dataset: str) -> DatasetInfo:
+    return describe(resolve_source(dataset))
+
+
+@functools.cache
+def _federation(spec: DataSpec) -> _Federation:
+    source = resolve_source(spec.dataset)
+    info = _dataset_info(spec.dataset)
+    partitioner = build_partitioner(
+        spec.partitioner,
+        spec.num_partitions,
+        seed=spec.seed,
+        dirichlet_alpha=spec.dirichlet_alpha,
+        classes_per_client=spec.classes_per_client,
+        shards_per_client=spec.shards_per_client,
+        min_partition_size=spec.min_partition_size,
+        label_column=info.label_column,
+    )
+    subsets = SubsetSplits(spec.train_subset, spec.test_subset, spec.seed)
+    if source.kind == "digits":
+        splits = subsets(load_digits().shuffle(seed=spec.seed))
+        partitioner.dataset = splits["train"]
+        return _Federation(partitioner, splits["test"])
+    federated = FederatedDataset(
+        **source.loader_arguments(),
+        partitioners={"train": partitioner},
+        preprocessor=subsets if spec.train_subset or spec.test_subset else None,
+        shuffle=True,
+        seed=spec.seed,
+    )
+    bound = federated.partitioners["train"]
+    try:
+        test = federated.load_split("test")
+    except ValueError as err:
+        raise ValueError(f"dataset {spec.dataset!r} needs a 'test' split: {err}") from None
+    return _Federation(bound, test)
+
+
+def _check_partition_id(spec: DataSpec, partition_id: int) -> int:
+    if isinstance(partition_id, bool) or not isinstance(partition_id, int | np.integer):
+        raise ValueError(f"partition_id must be an integer, got {partition_id!r}")
+    index = int(partition_id)
+    if not 0 <= index < spec.num_partitions:
+        raise ValueError(
+            f"partition_id = {index} is out of range: num_partitions = {spec.num_partitions}, "
+            f"so partition ids go from 0 to {spec.num_partitions - 1}"
+        )
+    return index
+
+
+def load_partition(spec: DataSpec, partition_id: int) -> ImageTensors:
+    """Client ``partition_id``'s train images, decoded (cached per process).
+
+    Raises
+    ------
+    ValueError
+        If ``partition_id`` is not in ``0 .. spec.num_partitions - 1``.
+    """
+    index = _check_partition_id(spec, partition_id)
+    with _LOCK:
+        return _load_partition(spec, index)
+
+
+@functools.cache
+def _load_partition(spec: DataSpec, partition_id: int) -> ImageTensors:
+    info = _dataset_info(spec.dataset)
+    if spec.edits_partitions:
+        return _edited_partition(spec, partition_id)
+    rows = _federation(spec).partitioner.load_partition(partition_id)
+    return to_image_tensors(
+        rows, info.image_column, info.label_column, channels=info.in_channels, image_size=info.image_size
+    )
+
+
+def load_test_split(spec: DataSpec) -> ImageTensors:
+    """The (possibly subset) test split, decoded (cached per process)."""
+    with _LOCK:
+        return _load_test_split(spec)
+
+
+@functools.cache
+def _load_test_split(spec: DataSpec) -> ImageTensors:
+    info = _dataset_info(spec.dataset)
+    return to_image_tensors(
+        _federation(spec).test,
+        info.image_column,
+        info.label_column,
+        channels=info.in_channels,
+        image_size=info.image_size,
+    )
+
+
+def partition_sizes(spec: DataSpec) -> list[int]:
+    """Number of train images of every partition, without decoding any image.
+
+    Examples
+    --------
+    >>> partition_sizes(DataSpec(dataset="digits", partitioner="iid", num_partitions=3))
+    [479, 479, 479]
+    """
+    with _LOCK:
+        if spec.edits_partitions:
+            return [len(positions) for positions in _partition_edits(spec)[1].partitions]
+        partitioner = _federation(spec).partitioner
+        return [partitioner.load_partition(pid).num_rows for pid in range(spec.num_partitions)]
+
+
+@functools.cache
+def _partition_edits(spec: DataSpec) -> tuple[np.ndarray, PartitionEdits]:
+    """The partition edits, on the partitions laid end to end: ``(offsets, edits)``.
+
+    Position ``offsets[k] + i`` is row ``i`` of the partitioner's partition
+    ``k``; this index space works for every partitioner (some sort the split).
+    """
+    info = _dataset_info(spec.dataset)
+    partitioner = _federation(spec).partitioner
+    labels = [
+        decode_labels(partitioner.load_partition(pid), info.label_column).numpy() for pid in range(spec.num_partitions)
+    ]
+    offsets = np.concatenate([[0], np.cumsum([len(part) for part in labels])]).astype(np.int64)
+    edits = edit_partitions(
+        [np.arange(offsets[k], offsets[k + 1]) for k in range(spec.num_partitions)],
+        np.concatenate(labels),
+        num_classes=info.num_classes,
+        seed=spec.seed,
+        rare_clients=spec.rare_clients,
+        rare_client_cap=spec.rare_client_cap,
+        noisy_clients=spec.noisy_clients,
+        label_noise=spec.label_noise,
+    )
+    return offsets, edits
+
+
+def _edited_partition(spec: DataSpec, partition_id: int) -> ImageTensors:
+    info = _dataset_info(spec.dataset)
+    offsets, edits = _partition_edits(spec)
+    positions = edits.partitions[partition_id]  # sorted, so grouped by source partition
+    if len(positions) == 0:
+        return ImageTensors.empty(info.in_channels, info.image_size)
+    sources = np.searchsorted(offsets, positions, side="right") - 1
+    pieces = []
+    for source in np.unique(sources):
+        rows = _federation(spec).partitioner.load_partition(int(source))
+        local = (positions[sources == source] - offsets[source]).tolist()
+        pieces.append(
+            decode_images(rows.select(local), info.image_column, channels=info.in_channels, image_size=info.image_size)
+        )
+    return ImageTensors(torch.cat(pieces), torch.from_numpy(edits.labels[positions]))
+
+
+def clear_caches() -> None:
+    """Forget every cached dataset, partition and description of this process."""
+    with _LOCK:
+        for cached in (_load_partition, _partition_edits, _load_test_split, _federation, _dataset_info):
+            cached.cache_clear()

@@ -1,0 +1,126 @@
+"""How the train split is divided among clients: the ``partitioner`` setting.
+
+Four kinds, each a Flower Datasets partitioner:
+
+``"iid"``
+    :class:`~flwr_datasets.partitioner.IidPartitioner`: equal contiguous
+    chunks of the (already shuffled) train split.
+``"dirichlet"``
+    :class:`~flwr_datasets.partitioner.DirichletPartitioner`: each class is
+    divided among the clients in proportions drawn from Dirichlet(alpha);
+    the smaller ``dirichlet_alpha``, the stronger the label skew.
+``"pathological"``
+    :class:`~flwr_datasets.partitioner.PathologicalPartitioner`: each client
+    holds exactly ``classes_per_client`` classes. Class ``i mod K`` goes to
+    client ``i`` first ("first-deterministic", as in Li et al. 2022, so every
+    class is used once there are at least K clients), the rest at random.
+``"shard"``
+    :class:`~flwr_datasets.partitioner.ShardPartitioner`: the split sorted
+    by label is cut into ``num_partitions * shards_per_client`` equal shards
+    and each client gets ``shards_per_client`` of them at random (McMahan et
+    al. 2017). Equal shards leave out the remainder of that division, at
+    most ``num_partitions * shards_per_client - 1`` samples.
+
+Every random choice is seeded by ``seed``: the same settings give the same
+partitions.
+
+Example
+-------
+>>> build_partitioner("iid", 10, seed=1, dirichlet_alpha=0.5, classes_per_client=2,
+...                   shards_per_client=2, min_partition_size=0).num_partitions
+10
+"""
+
+from __future__ import annotations
+
+from flwr_datasets.partitioner import (
+    DirichletPartitioner,
+    IidPartitioner,
+    Partitioner,
+    PathologicalPartitioner,
+    ShardPartitioner,
+)
+
+PARTITIONERS = ("iid", "dirichlet", "pathological", "shard")
+"""Accepted values of the ``partitioner`` setting."""
+
+
+def build_partitioner(
+    kind: str,
+    num_partitions: int,
+    *,
+    seed: int,
+    dirichlet_alpha: float,
+    classes_per_client: int,
+    shards_per_client: int,
+    min_partition_size: int,
+    label_column: str = "label",
+) -> Partitioner:
+    """A fresh partitioner of the given kind, not yet bound to a dataset.
+
+    Parameters
+    ----------
+    kind : {"iid", "dirichlet", "pathological", "shard"}
+        See the module docstring.
+    num_partitions : int
+        Number of clients.
+    seed : int
+        Seeds every random choice of the partitioner.
+    dirichlet_alpha : float
+        Concentration of the Dirichlet distribution (``"dirichlet"`` only).
+    classes_per_client : int
+        Classes per client (``"pathological"`` only).
+    shards_per_client : int
+        Shards per client (``"shard"`` only).
+    min_partition_size : int
+        Smallest acceptable client (``"dirichlet"`` only): the Dirichlet draw
+        is repeated, up to 10 times, until every client has this many samples.
+    label_column : str
+        Column holding the labels that non-IID partitioners divide by.
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``kind``, naming the setting ``partitioner``, the value
+        and the accepted kinds; or for a non-positive ``num_partitions``.
+
+    Examples
+    --------
+    >>> build_partitioner("uniform", 10, seed=1, dirichlet_alpha=0.5, classes_per_client=2,
+    ...                   shards_per_client=2, min_partition_size=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: invalid setting partitioner = 'uniform'; accepted: iid, dirichlet, pathological, shard
+    """
+    if kind not in PARTITIONERS:
+        raise ValueError(f"invalid setting partitioner = {kind!r}; accepted: {', '.join(PARTITIONERS)}")
+    if num_partitions < 1:
+        raise ValueError(f"num_partitions must be at least 1, got {num_partitions}")
+    if kind == "iid":
+        return IidPartitioner(num_partitions=num_partitions)
+    if kind == "dirichlet":
+        return DirichletPartitioner(
+            num_partitions=num_partitions,
+            partition_by=label_column,
+            alpha=dirichlet_alpha,
+            min_partition_size=min_partition_size,
+            self_balancing=False,
+            shuffle=True,
+            seed=seed,
+        )
+    if kind == "pathological":
+        return PathologicalPartitioner(
+            num_partitions=num_partitions,
+            partition_by=label_column,
+            num_classes_per_partition=classes_per_client,
+            class_assignment_mode="first-deterministic",
+            shuffle=True,
+            seed=seed,
+        )
+    return ShardPartitioner(
+        num_partitions=num_partitions,
+        partition_by=label_column,
+        num_shards_per_partition=shards_per_client,
+        shuffle=True,
+        seed=seed,
+    )

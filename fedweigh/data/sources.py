@@ -1,0 +1,425 @@
+"""Where the images come from: the ``dataset`` setting, resolved and described.
+
+The ``dataset`` setting accepts three kinds of value:
+
+``"digits"``
+    scikit-learn's bundled 8x8 handwritten digits (1,797 images, no download),
+    split once 80/20 into train and test with a fixed seed, pixel values scaled
+    from 0..16 to 0..255.
+a local folder
+    holding ``train.parquet`` and ``test.parquet`` in the Hugging Face Hub
+    layout (the feature types travel in the parquet metadata), e.g.
+    ``../shared/datasets/cifar10``.
+a Hugging Face Hub id ``owner/name``
+    e.g. ``uoft-cs/cifar10``, ``ylecun/mnist``, ``zalando-datasets/fashion_mnist``;
+    downloaded into the ``datasets`` cache on first use.
+
+The image and label columns are detected from the dataset's features, never
+hard-coded per dataset, and :class:`DatasetInfo` records what a model and the
+batch transforms need to know (classes, channels, size, normalisation, the
+augmentation that suits the images).
+
+Offline use: set ``HF_DATASETS_OFFLINE=1`` so that nothing tries the network,
+and point ``HF_HOME`` (or ``HF_DATASETS_CACHE``) at a writable cache, for
+instance the project's git-ignored ``.cache/huggingface``. The first load of a
+parquet folder builds an Arrow cache there; later loads memory-map it.
+
+Examples
+--------
+>>> validate_dataset_setting("digits")
+'digits'
+>>> validate_dataset_setting("uoft-cs/cifar10")
+'uoft-cs/cifar10'
+>>> resolve_source("ylecun/mnist")
+DataSource(kind='hub', location='ylecun/mnist')
+>>> resolve_source("ylecun/mnist").name
+'mnist'
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import datasets
+import numpy as np
+
+from fedweigh.data.tensors import ImageTensors, decode_images, to_image_tensors
+
+SourceKind = Literal["digits", "local", "hub"]
+AugmentKind = Literal["crop-flip", "none"]
+
+DIGITS = "digits"
+"""The value of the ``dataset`` setting that selects scikit-learn's digits."""
+
+DIGITS_SPLIT_SEED = 0
+"""Seed of the fixed, stratified 80/20 train/test split of the digits."""
+
+SPLIT_FILES = ("train.parquet", "test.parquet")
+"""The files a local dataset folder must hold."""
+
+STATS_SAMPLE_SIZE = 10_000
+"""At most this many train images (a seeded sample) estimate unknown statistics."""
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9_.\-]+$")
+
+_ACCEPTED = (
+    "accepted: 'digits', an existing folder containing train.parquet and "
+    "test.parquet, or a Hugging Face Hub id 'owner/name' (e.g. 'uoft-cs/cifar10')"
+)
+
+
+@dataclass(frozen=True)
+class _KnownStats:
+    channels: int
+    image_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+# Published per-channel statistics, used when a source's name and image shape
+# match (a Hub id's name part or a local folder's name, e.g. ".../cifar10").
+_KNOWN_STATS: dict[str, _KnownStats] = {
+    "cifar10": _KnownStats(3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "mnist": _KnownStats(1, 28, (0.1307,), (0.3081,)),
+    "fashion_mnist": _KnownStats(1, 28, (0.2860,), (0.3530,)),
+}
+
+
+def _invalid(value: str, reason: str) -> ValueError:
+    return ValueError(f"invalid setting dataset = {value!r}: {reason}; {_ACCEPTED}")
+
+
+def _looks_like_path(value: str) -> bool:
+    return value.startswith(("/", ".", "~")) or os.sep in value or "/" in value
+
+
+def _has_split_files(folder: str) -> bool:
+    return all(os.path.isfile(os.path.join(folder, name)) for name in SPLIT_FILES)
+
+
+def validate_dataset_setting(value: str) -> str:
+    """Check the ``dataset`` setting and return its canonical form.
+
+    Parameters
+    ----------
+    value : str
+        ``"digits"``, a folder holding ``train.parquet`` and ``test.parquet``,
+        or a Hugging Face Hub id ``owner/name``.
+
+    Returns
+    -------
+    str
+        ``"digits"``, the folder as an absolute path (``~`` expanded), or the
+        Hub id unchanged.
+
+    Raises
+    ------
+    ValueError
+        Naming the setting ``dataset``, the value and what is accepted: for a
+        path that does not exist, a folder without the two parquet files, or a
+        value that is none of the accepted kinds.
+
+    Notes
+    -----
+    An ``owner/name``-shaped value that is also an existing folder is taken as
+    the folder (as :func:`datasets.load_dataset` does); otherwise it is a Hub
+    id, which is not checked against the Hub here (that needs the network).
+
+    Examples
+    --------
+    >>> validate_dataset_setting(" digits ")
+    'digits'
+    >>> validate_dataset_setting("/no/such/folder")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: invalid setting dataset = '/no/such/folder': no such folder; accepted: ...
+    """
+    if not isinstance(value, str):
+        raise _invalid(str(value), f"expected a string, got {type(value).__name__}")
+    text = value.strip()
+    if not text:
+        raise _invalid(value, "the value is empty")
+    if text == DIGITS:
+        return DIGITS
+    folder = os.path.abspath(os.path.expanduser(text))
+    if os.path.isdir(folder):
+        if _has_split_files(folder):
+            return folder
+        missing = [name for name in SPLIT_FILES if not os.path.isfile(os.path.join(folder, name))]
+        raise _invalid(value, f"the folder {folder} lacks {' and '.join(missing)}")
+    if _HUB_ID.match(text):
+        return text
+    if _looks_like_path(text):
+        if os.path.exists(folder):
+            raise _invalid(value, f"{folder} is not a folder")
+        raise _invalid(value, "no such folder")
+    raise _invalid(value, "not a known dataset")
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """A resolved ``dataset`` setting.
+
+    Attributes
+    ----------
+    kind : {"digits", "local", "hub"}
+        Which kind of source this is.
+    location : str
+        ``"digits"``, the absolute folder path, or the Hub id.
+    """
+
+    kind: SourceKind
+    location: str
+
+    @property
+    def name(self) -> str:
+        """Short lower-case name: ``"digits"``, the folder name, or the id's name part.
+
+        Examples
+        --------
+        >>> DataSource("hub", "zalando-datasets/fashion_mnist").name
+        'fashion_mnist'
+        """
+        base = os.path.basename(self.location.rstrip("/\\")) or self.location
+        return base.lower().replace("-", "_")
+
+    def split_files(self) -> dict[str, str]:
+        """The parquet file of each split (local folders only)."""
+        if self.kind != "local":
+            raise ValueError(f"{self.location!r} is not a local folder")
+        return {name.removesuffix(".parquet"): os.path.join(self.location, name) for name in SPLIT_FILES}
+
+    def loader_arguments(self) -> dict[str, Any]:
+        """Keyword arguments for :class:`flwr_datasets.FederatedDataset` (local or Hub).
+
+        Examples
+        --------
+        >>> DataSource("hub", "uoft-cs/cifar10").loader_arguments()
+        {'dataset': 'uoft-cs/cifar10'}
+        """
+        if self.kind == "local":
+            return {"dataset": "parquet", "data_files": self.split_files()}
+        if self.kind == "hub":
+            return {"dataset": self.location}
+        raise ValueError("the digits are built in memory; see load_digits()")
+
+
+def resolve_source(value: str) -> DataSource:
+    """Validate the ``dataset`` setting and say which kind of source it is.
+
+    Examples
+    --------
+    >>> resolve_source("digits")
+    DataSource(kind='digits', location='digits')
+    """
+    canonical = validate_dataset_setting(value)
+    if canonical == DIGITS:
+        return DataSource("digits", DIGITS)
+    if os.path.isabs(canonical):
+        return DataSource("local", canonical)
+    return DataSource("hub", canonical)
+
+
+def load_digits() -> datasets.DatasetDict:
+    """scikit-learn's 8x8 digits as ``train`` (1,437) and ``test`` (360) splits.
+
+    The split is stratified and fixed (seed :data:`DIGITS_SPLIT_SEED`), so it
+    does not move with the run's seed. The ``image`` column holds 8x8 ``uint8``
+    arrays (0..16 scaled to 0..255), ``label`` is a ``ClassLabel``.
+
+    Examples
+    --------
+    >>> splits = load_digits()
+    >>> splits["train"].num_rows, splits["test"].num_rows
+    (1437, 360)
+    """
+    from sklearn.datasets import load_digits as sklearn_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = sklearn_digits()
+    images = np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)
+    labels = bunch.target.astype(np.int64)
+    train_idx, test_idx = train_test_split(
+        np.arange(len(labels)), test_size=0.2, random_state=DIGITS_SPLIT_SEED, stratify=labels
+    )
+    features = datasets.Features(
+        {
+            "image": datasets.Array2D(shape=(8, 8), dtype="uint8"),
+            "label": datasets.ClassLabel(names=[str(k) for k in range(10)]),
+        }
+    )
+
+    def split(indices: np.ndarray) -> datasets.Dataset:
+        return datasets.Dataset.from_dict({"image": images[indices], "label": labels[indices]}, features=features)
+
+    return datasets.DatasetDict({"train": split(train_idx), "test": split(test_idx)})
+
+
+def load_train_split(source: DataSource) -> datasets.Dataset:
+    """The full, unshuffled train split of a source (downloads a Hub dataset once)."""
+    if source.kind == "digits":
+        return load_digits()["train"]
+    if source.kind == "local":
+        return datasets.load_dataset("parquet", data_files=source.split_files(), split="train")
+    return datasets.load_dataset(source.location, split="train")
+
+
+def detect_image_column(features: datasets.Features) -> str:
+    """The first column whose feature is :class:`datasets.Image`, else ``img``/``image``.
+
+    Examples
+    --------
+    >>> detect_image_column(datasets.Features({"label": datasets.Value("int64"),
+    ...                                        "picture": datasets.Image()}))
+    'picture'
+    """
+    for name, feature in features.items():
+        if isinstance(feature, datasets.Image):
+            return name
+    for name in ("img", "image"):
+        if name in features:
+            return name
+    raise ValueError(f"no image column among {list(features)} (no Image feature, no 'img' or 'image')")
+
+
+def detect_label_column(features: datasets.Features) -> str:
+    """The first ``ClassLabel`` column, else ``label``/``fine_label``.
+
+    Examples
+    --------
+    >>> detect_label_column(datasets.Features({"img": datasets.Image(),
+    ...                                        "fine_label": datasets.Value("int64")}))
+    'fine_label'
+    """
+    for name, feature in features.items():
+        if isinstance(feature, datasets.ClassLabel):
+            return name
+    for name in ("label", "fine_label"):
+        if name in features:
+            return name
+    raise ValueError(f"no label column among {list(features)} (no ClassLabel, no 'label' or 'fine_label')")
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What models and transforms need to know about a dataset.
+
+    Attributes
+    ----------
+    num_classes : int
+        Number of classes (labels are ``0 .. num_classes - 1``).
+    in_channels : int
+        1 (grayscale) or 3 (RGB).
+    image_size : int
+        Height and width in pixels (images are square).
+    mean, std : tuple of float
+        Per-channel normalisation statistics of pixel values in ``[0, 1]``.
+    augment : {"crop-flip", "none"}
+        Training augmentation that suits the images: random crop with padding
+        4 and horizontal flip for 32x32 RGB (CIFAR-like) images, none otherwise.
+    image_column, label_column : str
+        Column names in the Hugging Face dataset.
+    """
+
+    num_classes: int
+    in_channels: int
+    image_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    augment: AugmentKind
+    image_column: str
+    label_column: str
+
+
+def augment_kind(in_channels: int, image_size: int) -> AugmentKind:
+    """``"crop-flip"`` for 32x32 RGB images, ``"none"`` otherwise.
+
+    Examples
+    --------
+    >>> augment_kind(3, 32), augment_kind(1, 28)
+    ('crop-flip', 'none')
+    """
+    return "crop-flip" if in_channels == 3 and image_size == 32 else "none"
+
+
+def _num_classes(train: datasets.Dataset, label_column: str) -> int:
+    feature = train.features[label_column]
+    if isinstance(feature, datasets.ClassLabel):
+        return int(feature.num_classes)
+    labels = np.asarray(train.select_columns([label_column]).with_format("numpy")[:][label_column])
+    return int(labels.max()) + 1
+
+
+def channel_stats(
+    train: datasets.Dataset,
+    image_column: str,
+    *,
+    channels: int,
+    image_size: int,
+    max_images: int = STATS_SAMPLE_SIZE,
+    chunk: int = 2_000,
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and standard deviation of pixel values in ``[0, 1]``.
+
+    Uses the whole split when it has at most ``max_images`` images, otherwise a
+    sample of ``max_images`` drawn with seed 0; decodes ``chunk`` images at a time.
+    """
+    rows = np.arange(train.num_rows)
+    if train.num_rows > max_images:
+        rows = np.sort(np.random.default_rng(0).choice(train.num_rows, size=max_images, replace=False))
+    total = np.zeros(channels)
+    squares = np.zeros(channels)
+    count = 0
+    for start in range(0, len(rows), chunk):
+        part = train.select(rows[start : start + chunk])
+        images = decode_images(part, image_column, channels=channels, image_size=image_size).double() / 255.0
+        total += images.sum(dim=(0, 2, 3)).numpy()
+        squares += (images**2).sum(dim=(0, 2, 3)).numpy()
+        count += images.shape[0] * images.shape[2] * images.shape[3]
+    mean = total / count
+    std = np.sqrt(np.maximum(squares / count - mean**2, 0.0))
+    return tuple(round(float(m), 4) for m in mean), tuple(round(float(s), 4) for s in std)
+
+
+def describe(source: DataSource, train: datasets.Dataset | None = None) -> DatasetInfo:
+    """Describe a source from its train split (loaded with :func:`load_train_split` if not given).
+
+    Known datasets (``cifar10``, ``mnist``, ``fashion_mnist`` by name, with the
+    matching image shape) get their published normalisation statistics; any
+    other dataset, the digits included, gets statistics computed from its train
+    split (see :func:`channel_stats`).
+
+    Examples
+    --------
+    >>> info = describe(resolve_source("digits"))
+    >>> info.num_classes, info.in_channels, info.image_size, info.augment
+    (10, 1, 8, 'none')
+    """
+    if train is None:
+        train = load_train_split(source)
+    if train.num_rows == 0:
+        raise ValueError(f"dataset {source.location!r} has an empty train split")
+    image_column = detect_image_column(train.features)
+    label_column = detect_label_column(train.features)
+    first: ImageTensors = to_image_tensors(train.select([0]), image_column, label_column)
+    _, channels, height, width = first.images.shape
+    if height != width:
+        raise ValueError(f"dataset {source.location!r} has non-square {height}x{width} images")
+    known = _KNOWN_STATS.get(source.name)
+    if known is not None and (known.channels, known.image_size) == (channels, height):
+        mean, std = known.mean, known.std
+    else:
+        mean, std = channel_stats(train, image_column, channels=channels, image_size=height)
+    return DatasetInfo(
+        num_classes=_num_classes(train, label_column),
+        in_channels=channels,
+        image_size=height,
+        mean=mean,
+        std=std,
+        augment=augment_kind(channels, height),
+        image_column=image_column,
+        label_column=label_column,
+    )

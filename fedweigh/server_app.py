@@ -1,0 +1,134 @@
+"""The ServerApp: settings in, a recorded federated run out.
+
+It validates the run config (one clear error before any training), builds
+the strategy, the model and the server's test split, learns which partition
+each node holds, checks that the data can be split that many ways, then runs
+the strategy with central evaluation after every round. Every round is
+written to the run folder (:mod:`fedweigh.results`) with a checkpoint, so a
+run can be resumed with ``resume-from``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+
+from fedweigh.client.training import evaluate
+from fedweigh.components import batch_transform, configure_torch, data_spec, new_model, resolve_device, settings_from
+from fedweigh.data.federated import load_test_split, partition_sizes
+from fedweigh.results import Checkpoint, RunRecorder, resolve_run_dir
+from fedweigh.settings import Settings
+from fedweigh.strategies import build_strategy
+from fedweigh.strategies.aggregation import decode
+from fedweigh.strategies.base import WeightedFedAvg
+
+logger = logging.getLogger("flwr.fedweigh")
+
+app = ServerApp()
+
+
+def check_partitions(settings: Settings, num_partitions: int) -> None:
+    """Fail before training when the data cannot be split ``num_partitions`` ways."""
+    sizes = partition_sizes(data_spec(settings, num_partitions))
+    empty = [index for index, size in enumerate(sizes) if size == 0]
+    if sum(sizes) < num_partitions or empty:
+        raise ValueError(
+            f"setting dataset = {settings.dataset!r} with {num_partitions} partitions "
+            f"({settings.partitioner}) leaves partitions {empty[:10]} empty; accepted: at most as many "
+            f"partitions as the {sum(sizes)} training samples allow (fewer SuperNodes, a larger "
+            "train-subset, or a different partitioner)"
+        )
+
+
+def central_evaluation(
+    settings: Settings, num_partitions: int, strategy: WeightedFedAvg, recorder: RunRecorder, run_dir: Path
+) -> Callable[[int, ArrayRecord], MetricRecord | None]:
+    """The ``evaluate_fn`` for ``Strategy.start``: test, record, checkpoint."""
+    device = resolve_device(settings.device)
+    model = new_model(settings).to(device)
+    test = load_test_split(data_spec(settings, num_partitions))
+    transform = batch_transform(settings)
+
+    def evaluate_round(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        if server_round == 0:  # the initial model: not part of a round's record
+            return None
+        current = server_round + strategy.round_offset
+        model.load_state_dict(arrays.to_torch_state_dict())
+        result = evaluate(model, test, transform, device, settings.eval_batch_size)
+        record = strategy.records.get(current)
+        clients = record.clients if record else []
+        row = {
+            "round": current,
+            "accuracy": result.accuracy,
+            "loss": result.loss,
+            "train_loss": (
+                sum(c["train_loss"] * c["num_examples"] for c in clients) / sum(c["num_examples"] for c in clients)
+                if clients
+                else None
+            ),
+            "sampled": record.sampled if record else [],
+            "clients": clients,
+            "left_out": record.left_out if record else {},
+            "aggregated": record.aggregated if record else False,
+            "diagnostics": record.diagnostics if record else {},
+        }
+        recorder.record_round(row, settings.num_server_rounds)
+        Checkpoint(current, decode(arrays), strategy.state()).save(run_dir / "checkpoint.pt")
+        return MetricRecord({"accuracy": result.accuracy, "loss": result.loss})
+
+    return evaluate_round
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run the federated training the run config describes."""
+    configure_torch()
+    settings = settings_from(context.run_config)
+    run_dir = resolve_run_dir(settings.output_dir, settings.run_name, settings.resume_from, settings.strategy)
+
+    if settings.resume_from:
+        checkpoint = Checkpoint.load(run_dir / "checkpoint.pt")
+        start_round = checkpoint.round
+        initial = ArrayRecord({k: torch.from_numpy(v) for k, v in checkpoint.arrays.items()})
+        logger.info("[fedweigh] resuming %s after round %d", run_dir, start_round)
+    else:
+        start_round = 0
+        initial = ArrayRecord(new_model(settings).state_dict())
+    if start_round >= settings.num_server_rounds:
+        raise ValueError(
+            f"setting resume-from = {settings.resume_from!r} already holds {start_round} rounds; "
+            f"accepted: num-server-rounds above {start_round}"
+        )
+
+    strategy = build_strategy(settings, round_offset=start_round)
+    if settings.resume_from:
+        strategy.load_state(checkpoint.strategy_state)
+    nodes = strategy.directory.refresh(grid, settings.min_train_nodes)
+    num_partitions = strategy.directory.num_partitions or len(nodes)
+    check_partitions(settings, num_partitions)
+
+    recorder = RunRecorder(run_dir)
+    recorder.begin(settings.model_dump(by_alias=True), start_round)
+    logger.info("[fedweigh] results: %s", run_dir)
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=initial,
+        num_rounds=settings.num_server_rounds - start_round,
+        evaluate_fn=central_evaluation(settings, num_partitions, strategy, recorder, run_dir),
+    )
+
+    final_round = max(result.evaluate_metrics_serverapp, default=None)
+    final = dict(result.evaluate_metrics_serverapp[final_round]) if final_round else {}
+    final_arrays = result.arrays if result.arrays is not None else initial
+    summary = recorder.finish(final_arrays.to_torch_state_dict(), final)
+    logger.info(
+        "[fedweigh] done: final accuracy %.4f after %d rounds; results in %s",
+        summary["final_accuracy"] if summary["final_accuracy"] is not None else float("nan"),
+        summary["rounds"],
+        run_dir,
+    )

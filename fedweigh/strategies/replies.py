@@ -1,0 +1,120 @@
+"""Checking client replies before they reach the global model.
+
+A reply enters aggregation only if it carries exactly one ArrayRecord whose
+tensors match the global model (names, shapes) and are finite, and one
+MetricRecord with every metric the strategy needs, each passing its check. A
+reply that fails is left out of the round with a logged warning naming the
+node and the reason; it never touches the global model.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import Message
+
+from fedweigh.strategies.aggregation import all_finite, decode
+from fedweigh.strategies.weighting import SignalCheck, finite_non_negative
+
+logger = logging.getLogger("flwr.fedweigh")  # propagates to Flower's log handlers
+
+NUM_EXAMPLES = "num-examples"
+TRAIN_LOSS = "train_loss"
+PARTITION_ID = "partition-id"
+
+
+@dataclass
+class ClientReply:
+    """One valid training reply, decoded."""
+
+    node_id: int
+    partition_id: int
+    num_examples: int
+    train_loss: float
+    signals: dict[str, float]
+    arrays: dict[str, np.ndarray] = field(repr=False)
+
+
+class InvalidReply(ValueError):
+    """Why a reply was left out."""
+
+
+def _metric(metrics: Mapping, key: str, check: SignalCheck) -> float:
+    if key not in metrics:
+        raise InvalidReply(f"metric '{key}' is missing")
+    value = metrics[key]
+    if isinstance(value, list | bool):
+        raise InvalidReply(f"metric '{key}' must be one number, got {value!r}")
+    value = float(value)
+    if not check(value):
+        raise InvalidReply(f"metric '{key}' = {value!r} fails the {check.__name__} check")
+    return value
+
+
+def check_reply(
+    message: Message,
+    reference: Mapping[str, np.ndarray],
+    signals: Mapping[str, SignalCheck],
+) -> ClientReply:
+    """Decode and check one reply against the global model ``reference``.
+
+    Raises
+    ------
+    InvalidReply
+        Saying what is wrong.
+    """
+    if message.has_error():
+        raise InvalidReply(f"the ClientApp failed: {message.error.reason}")
+    content = message.content
+    if len(content.array_records) != 1 or len(content.metric_records) != 1:
+        raise InvalidReply(
+            f"expected one ArrayRecord and one MetricRecord, got {len(content.array_records)} "
+            f"and {len(content.metric_records)}"
+        )
+    metrics = next(iter(content.metric_records.values()))
+    num_examples = _metric(metrics, NUM_EXAMPLES, finite_non_negative)
+    if num_examples < 1:
+        raise InvalidReply(f"metric '{NUM_EXAMPLES}' = {num_examples} must be >= 1")
+    train_loss = _metric(metrics, TRAIN_LOSS, finite_non_negative)
+    values = {key: _metric(metrics, key, check) for key, check in signals.items()}
+
+    arrays = decode(next(iter(content.array_records.values())))
+    if list(arrays) != list(reference):
+        missing = sorted(set(reference) - set(arrays))
+        extra = sorted(set(arrays) - set(reference))
+        raise InvalidReply(f"model tensors differ from the global model (missing {missing}, unexpected {extra})")
+    for name, value in arrays.items():
+        if value.shape != reference[name].shape:
+            raise InvalidReply(f"tensor '{name}' has shape {value.shape}, expected {reference[name].shape}")
+    if not all_finite(arrays):
+        raise InvalidReply("model tensors contain NaN or infinite values")
+    return ClientReply(
+        node_id=message.metadata.src_node_id,
+        partition_id=int(metrics.get(PARTITION_ID, -1)),
+        num_examples=int(num_examples),
+        train_loss=train_loss,
+        signals=values,
+        arrays=arrays,
+    )
+
+
+def valid_replies(
+    server_round: int,
+    messages: Iterable[Message],
+    reference: Mapping[str, np.ndarray],
+    signals: Mapping[str, SignalCheck],
+) -> tuple[list[ClientReply], dict[int, str]]:
+    """Split replies into valid ones and ``{node_id: reason}`` for the rest."""
+    accepted: list[ClientReply] = []
+    rejected: dict[int, str] = {}
+    for message in messages:
+        try:
+            accepted.append(check_reply(message, reference, signals))
+        except InvalidReply as reason:
+            node = message.metadata.src_node_id
+            rejected[node] = str(reason)
+            logger.warning("round %d: left out node %d: %s", server_round, node, reason)
+    return accepted, rejected

@@ -1,0 +1,105 @@
+"""Seeded client sampling that is the same for every strategy.
+
+Flower's own sampler draws node ids with Python's unseeded ``random`` module,
+and node ids are random per run, so two runs never train the same clients in
+the same order. Comparisons in the papers are paired: every method sees the
+same sequence of clients. Here a node is known by its *partition id* (asked
+once per node with a ``query`` message, see :class:`NodeDirectory`) and the
+clients of round t are drawn from ``numpy.random.default_rng([seed, t])``
+over the sorted partition ids. The draw depends on (seed, round, the set of
+connected partitions) only: not on the strategy, not on earlier rounds, so a
+resumed run draws exactly what an uninterrupted one would.
+
+Example
+-------
+>>> sample_partitions(seed=1, server_round=1, partitions=range(20), sample_size=5)
+[5, 6, 8, 11, 12]
+>>> sample_partitions(seed=1, server_round=1, partitions=range(20), sample_size=5)
+[5, 6, 8, 11, 12]
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+
+import numpy as np
+from flwr.app import Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+logger = logging.getLogger("flwr.fedweigh")
+
+PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"
+
+
+def sample_partitions(seed: int, server_round: int, partitions: Iterable[int], sample_size: int) -> list[int]:
+    """Draw ``sample_size`` distinct partitions for one round, sorted."""
+    pool = sorted(partitions)
+    if not 0 < sample_size <= len(pool):
+        raise ValueError(f"cannot sample {sample_size} of {len(pool)} clients")
+    rng = np.random.default_rng([seed, server_round])
+    chosen = rng.choice(len(pool), size=sample_size, replace=False)
+    return sorted(pool[i] for i in chosen)
+
+
+def sample_size(num_available: int, fraction: float, minimum: int) -> int:
+    """Flower's convention: ``max(int(N * fraction), minimum)``, capped at N."""
+    return min(num_available, max(int(num_available * fraction), minimum))
+
+
+class NodeDirectory:
+    """Node id to partition id, learned by one ``query`` message per new node.
+
+    Nodes of a simulation know their ``partition-id`` from the node config; a
+    SuperNode started with ``--node-config "partition-id=3 num-partitions=10"``
+    does too. A node that has none (a real site with its own data folder) is
+    placed after all known partitions, in the order of its node id.
+    """
+
+    def __init__(self, query_timeout: float = 600.0) -> None:
+        self.query_timeout = query_timeout
+        self.partition_of: dict[int, int] = {}
+        self.num_partitions: int | None = None
+
+    def refresh(self, grid: Grid, min_nodes: int, wait_timeout: float = 3600.0) -> list[int]:
+        """Wait for ``min_nodes`` connected nodes, learn new ones, return connected ids."""
+        deadline = time.monotonic() + wait_timeout
+        while len(node_ids := list(grid.get_node_ids())) < min_nodes:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(node_ids)} of the {min_nodes} required nodes connected")
+            logger.info("waiting for nodes: %d connected, %d required", len(node_ids), min_nodes)
+            time.sleep(1.0)
+        unknown = [node for node in node_ids if node not in self.partition_of]
+        if unknown:
+            self._learn(grid, unknown)
+        return node_ids
+
+    def _learn(self, grid: Grid, node_ids: list[int]) -> None:
+        messages = [
+            Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=node) for node in node_ids
+        ]
+        for reply in grid.send_and_receive(messages, timeout=self.query_timeout):
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                logger.warning("node %d did not describe itself: %s", node, reply.error.reason)
+                continue
+            metrics = next(iter(reply.content.metric_records.values()), {})
+            self.partition_of[node] = int(metrics.get(PARTITION_ID, -1))
+            if NUM_PARTITIONS in metrics and int(metrics[NUM_PARTITIONS]) > 0:
+                self.num_partitions = int(metrics[NUM_PARTITIONS])
+
+    def sort_key(self, node_id: int) -> tuple[int, int]:
+        """Known partitions first, in partition order; then unknown nodes by id."""
+        partition = self.partition_of.get(node_id, -1)
+        return (0, partition) if partition >= 0 else (1, node_id)
+
+
+def sample_nodes(
+    directory: NodeDirectory, node_ids: list[int], seed: int, server_round: int, size: int
+) -> list[int]:
+    """Seeded sample of ``size`` connected nodes, by their rank in partition order."""
+    ranked = sorted(node_ids, key=directory.sort_key)
+    chosen = sample_partitions(seed, server_round, range(len(ranked)), size)
+    return [ranked[i] for i in chosen]

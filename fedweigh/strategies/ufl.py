@@ -1,0 +1,687 @@
+"""UFL: uncertainty-driven local training, and its U-Agg aggregation.
+
+Everything of the UFL paper (``../papers/003_6e90b427ee555b8a.txt``, spec
+``specs/ufl.md``) lives here:
+
+* the **per-sample uncertainty** ``u_i = -log max(p̄_{i,y_i}, eps)`` of the
+  received global model, where ``p̄_i`` is the mean of ``N`` Monte Carlo
+  dropout softmax outputs (spec §2 C2): :func:`mc_mean_probabilities`,
+  :func:`sample_uncertainty`. It is the true-label NLL of the MC predictive
+  mean, which the paper calls "entropy";
+* the **selection** of the top ``m = clip(ceil(r n), 1, n)`` samples by ``u``
+  and their **loss weights** ``λ_i = 1 + α u_i`` (1 for the others; spec C3,
+  C4): :func:`selection_size`, :func:`select_uncertain`, :func:`loss_weights`.
+  The batch loss is ``Σ λ_i CE_i / B`` (paper Eq. 3), or ``Σ λ_i CE_i / Σ λ_i``
+  with ``ufl.normalize`` (a control for the step-size effect of ``λ >= 1``);
+* **MC dropout on any model** (spec §4): a model's own ``nn.Dropout`` modules
+  are used as they are; a model without dropout gets one on the input of its
+  ``classifier_layer`` through a forward pre-hook (:func:`ensure_mc_dropout`),
+  so its ``state_dict`` keys do not change, it is active whenever the model
+  trains, and it does nothing in eval mode;
+* the **client step** ``"ufl"`` (:class:`UFLStep`), which reports
+  ``uncertainty`` (``U_k``, the sum of ``u`` over the selected samples),
+  ``uncertainty-mean`` (``U_k / m_k``) and the long-tail record of ``u``
+  (``u-p50`` ... ``u-p99``, ``u-above-1``);
+* **U-Agg** (spec §3): ``w_k = (1 - U_k / Σ_j U_j) / (K - 1)``, which is
+  :class:`~fedweigh.strategies.weighting.ComplementShareRule` on
+  ``uncertainty``; the size-aware form ``w_k ∝ n_k (1 - Û_k)`` is
+  :class:`SizeAwareComplementShareRule`;
+* the builders registered as ``"ufl"`` (UFL clients + U-Agg) and
+  ``"ufl-fedavg"`` (UFL clients + size-weighted FedAvg, the paper's
+  "UFL (+Average)").
+
+The settings section ``[tool.flwr.app.config.ufl]`` is
+:class:`fedweigh.settings.UFLSettings`; it lives in the settings module because
+it derives from that module's section base class.
+
+Cost of the MC passes
+---------------------
+Everything before the first dropout is deterministic during the MC passes (the
+model is in eval mode there), so the cheap path (``ufl.cheap-path``, default
+on) computes the input of the first dropout once per sample and runs only the
+rest of the network ``N`` times, batched. The naive path (``N`` full forward
+passes) is kept as the reference; both draw their masks from the same
+per-dropout-site generators in the same order, so with the same seed they give
+the same ``u`` up to float rounding.
+
+Example
+-------
+>>> import torch
+>>> u = torch.tensor([0.1, 0.9, 0.3, 0.8, 0.2, 0.7, 0.0, 0.4, 0.5, 0.6])
+>>> selected = select_uncertain(u, ratio=0.3)
+>>> sorted(selected.tolist()), round(float(u[selected].sum()), 6)
+([1, 3, 5], 2.4)
+>>> [round(w, 4) for w in loss_weights(u, selected, alpha=0.2)[[0, 1, 3, 5]].tolist()]
+[1.0, 1.18, 1.16, 1.14]
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedweigh.client.steps import ClientStep, Metrics, StepContext, register_step
+from fedweigh.data.loader import batches
+from fedweigh.data.tensors import ImageTensors
+from fedweigh.data.transforms import BatchTransform
+from fedweigh.settings import UFLSettings
+from fedweigh.strategies.base import RecipeValue, WeightedFedAvg
+from fedweigh.strategies.weighting import (
+    ComplementShareRule,
+    RoundSignals,
+    RuleOutcome,
+    SampleCountRule,
+    WeightingRule,
+    complement_share_weights,
+    normalized,
+)
+
+if TYPE_CHECKING:
+    from fedweigh.settings import Settings
+
+logger = logging.getLogger("flwr.fedweigh")
+
+UNCERTAINTY = "uncertainty"
+"""Metric key of ``U_k``: the sum of ``u`` over the client's selected samples."""
+UNCERTAINTY_MEAN = "uncertainty-mean"
+"""Metric key of ``U_k / m_k``: the mean ``u`` of the selected samples."""
+PERCENTILES = (50, 90, 95, 99)
+"""Percentiles of ``u`` over all local samples reported as ``u-p50`` ... (spec A20)."""
+EPSILON = 1e-12
+"""Floor of ``p̄_{i,y_i}`` before the log: ``u <= -log(1e-12) ≈ 27.63``."""
+MC_BATCH_SIZE = 256
+"""Samples per batch in the MC passes (the cheap path holds ``N`` copies of a batch's features)."""
+HEAD_DROPOUT_ATTRIBUTE = "_ufl_head_dropout"
+"""Attribute of a model holding its inserted :class:`HeadDropout` (and marking it installed)."""
+OPTION_PREFIX = "ufl."
+"""Recipe keys of UFL's options start with this (``ufl.mc-passes`` ...)."""
+
+
+# ---------------------------------------------------------------------------
+# pure math
+# ---------------------------------------------------------------------------
+
+
+def sample_uncertainty(mean_probabilities: torch.Tensor, labels: torch.Tensor, eps: float = EPSILON) -> torch.Tensor:
+    """Per-sample uncertainty ``u_i = -log max(p̄_{i,y_i}, eps)`` (paper Eq. 1).
+
+    Parameters
+    ----------
+    mean_probabilities : torch.Tensor
+        MC-averaged class probabilities ``p̄``, shape ``[n, C]``.
+    labels : torch.Tensor
+        Integer labels, shape ``[n]``.
+    eps : float
+        Floor of the true-class probability.
+
+    Returns
+    -------
+    torch.Tensor
+        ``u``, shape ``[n]``, in ``[0, -log eps]``.
+
+    Examples
+    --------
+    >>> p = torch.tensor([[math.exp(-1.0), 1 - math.exp(-1.0)], [0.0, 1.0]], dtype=torch.float64)
+    >>> sample_uncertainty(p, torch.tensor([0, 0])).tolist()
+    [1.0, 27.631021115928547]
+    """
+    true_class = mean_probabilities.gather(1, labels.view(-1, 1).to(mean_probabilities.device)).squeeze(1)
+    # float64 for the log so that the clamp floor is represented exactly
+    return -torch.log(true_class.double().clamp(min=eps))
+
+
+def selection_size(count: int, ratio: float) -> int:
+    """``m = clip(ceil(ratio * count), 1, count)``; 0 for an empty set (spec C3, A6).
+
+    The product is rounded to 9 decimals before the ceiling so that float noise
+    (``0.3 * 10 = 3.0000000000000004`` in some orders) does not add a sample.
+
+    Examples
+    --------
+    >>> selection_size(10, 0.3), selection_size(11, 0.3), selection_size(2, 0.01), selection_size(5, 1.0)
+    (3, 4, 1, 5)
+    """
+    if not 0.0 < ratio <= 1.0:
+        raise ValueError(f"ufl.ratio = {ratio!r}: the selected fraction must be in (0, 1]")
+    if count <= 0:
+        return 0
+    return min(max(math.ceil(round(ratio * count, 9)), 1), count)
+
+
+def select_uncertain(u: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Indices of the ``selection_size(len(u), ratio)`` largest ``u`` (ties in any order)."""
+    return torch.topk(u, selection_size(len(u), ratio), sorted=True).indices
+
+
+def loss_weights(u: torch.Tensor, selected: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``λ_i = 1 + α u_i`` for the selected samples, 1 for the others (paper Eq. 2), as float32."""
+    if alpha < 0 or not math.isfinite(alpha):
+        raise ValueError(f"ufl.alpha = {alpha!r}: must be a finite number >= 0")
+    weights = torch.ones(len(u), dtype=torch.float32, device=u.device)
+    weights[selected] = (1.0 + alpha * u[selected]).float()
+    return weights
+
+
+def uncertainty_summary(u: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor) -> Metrics:
+    """The client's signals: ``U_k``, ``U_k / m_k``, and the long-tail record of ``u``.
+
+    Returns
+    -------
+    dict
+        ``uncertainty`` (Σ u over the selected), ``uncertainty-mean``,
+        ``selected`` (m_k), ``lambda-mean``, ``u-mean``, ``u-p50`` ...
+        ``u-p99`` and ``u-above-1`` (fraction of samples with ``u > 1``).
+    """
+    total = float(u[selected].sum())
+    values = u.double().cpu()
+    metrics: Metrics = {
+        UNCERTAINTY: total,
+        UNCERTAINTY_MEAN: total / len(selected),
+        "selected": float(len(selected)),
+        "lambda-mean": float(weights.double().mean()),
+        "u-mean": float(values.mean()),
+        "u-above-1": float((values > 1.0).double().mean()),
+    }
+    quantiles = torch.quantile(values, torch.tensor([q / 100 for q in PERCENTILES], dtype=torch.float64))
+    metrics.update({f"u-p{q}": float(v) for q, v in zip(PERCENTILES, quantiles, strict=True)})
+    return metrics
+
+
+def size_aware_complement_share_weights(values: np.ndarray, num_examples: np.ndarray) -> np.ndarray:
+    """``w_k ∝ n_k (1 - v_k / Σ_j v_j)``: U-Agg keeping FedAvg's size factor (spec §3, A13).
+
+    The same edge cases as :func:`complement_share_weights` (one client: 1; all
+    values 0: the complement shares are uniform, so the weights are FedAvg's).
+
+    Examples
+    --------
+    >>> size_aware_complement_share_weights(np.array([1.0, 1.0, 2.0]), np.array([10, 20, 10])).round(4)
+    array([0.2727, 0.5455, 0.1818])
+    """
+    return normalized(np.asarray(num_examples, dtype=np.float64) * complement_share_weights(values))
+
+
+# ---------------------------------------------------------------------------
+# weighting rule
+# ---------------------------------------------------------------------------
+
+
+class SizeAwareComplementShareRule(ComplementShareRule):
+    """:func:`size_aware_complement_share_weights` on one signal (U-Agg with ``size-aware = true``)."""
+
+    name = "complement-share-size-aware"
+
+    def __call__(self, round_signals: RoundSignals) -> RuleOutcome:
+        return RuleOutcome(
+            size_aware_complement_share_weights(round_signals.values[self.signal], round_signals.num_examples)
+        )
+
+
+def u_agg_rule(options: UFLSettings) -> WeightingRule:
+    """U-Agg as the settings ask: on ``U_k`` (sum) or ``U_k / m_k`` (mean), with or without ``n_k``."""
+    signal = UNCERTAINTY if options.aggregation_signal == "sum" else UNCERTAINTY_MEAN
+    return SizeAwareComplementShareRule(signal) if options.size_aware else ComplementShareRule(signal)
+
+
+# ---------------------------------------------------------------------------
+# MC dropout: where the dropout is, and its masks
+# ---------------------------------------------------------------------------
+
+
+class HeadDropout:
+    """Forward pre-hook: dropout on the input of a model's classifier.
+
+    Installed by :func:`ensure_mc_dropout` on models without dropout. The
+    classifier module's own ``training`` flag decides: in train mode it is
+    ``F.dropout`` (drawing from the global generator, like ``nn.Dropout``), in
+    eval mode it does nothing, so evaluation never sees it. During MC sampling
+    (``masks`` set) it applies the sampler's masks instead.
+    """
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+        self.masks: DropoutMasks | None = None
+        self.key = ""
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        if self.masks is not None:
+            return (self.masks.apply(self.key, args[0], self.p), *args[1:])
+        if module.training and self.p > 0:
+            return (F.dropout(args[0], self.p, training=True), *args[1:])
+        return None
+
+
+@dataclass(frozen=True)
+class DropoutSite:
+    """One place where MC dropout samples masks.
+
+    Attributes
+    ----------
+    module : str
+        Name of an ``nn.Dropout`` module, or of the classifier whose input the
+        inserted :class:`HeadDropout` drops.
+    p : float
+        Drop probability.
+    inserted : bool
+        Whether this is the inserted head dropout.
+    """
+
+    module: str
+    p: float
+    inserted: bool
+
+
+def ensure_mc_dropout(model: nn.Module, p: float) -> list[DropoutSite]:
+    """Make sure ``model`` has dropout to sample; return its dropout sites.
+
+    A model with ``nn.Dropout`` modules keeps them (``p`` is not used). A model
+    without gets one :class:`HeadDropout` with probability ``p`` on the input
+    of ``model.classifier_layer``, installed once per model object (the
+    ClientApp keeps its model across rounds; a later call only updates ``p``).
+
+    Raises
+    ------
+    ValueError
+        If ``p`` is not in ``[0, 1)``, if the model has dropout of a kind other
+        than ``nn.Dropout`` (masks of ``Dropout2d`` and ``AlphaDropout`` are
+        not element-wise), or if it has neither dropout nor a classifier layer.
+    """
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"ufl.dropout = {p!r}: the dropout probability must be in [0, 1)")
+    head = getattr(model, HEAD_DROPOUT_ATTRIBUTE, None)
+    if head is None:
+        other = [
+            f"{name} ({type(m).__name__})"
+            for name, m in model.named_modules()
+            if isinstance(m, nn.modules.dropout._DropoutNd) and type(m) is not nn.Dropout
+        ]
+        if other:
+            raise ValueError(f"ufl supports nn.Dropout for MC sampling; the model also has {', '.join(other)}")
+        own = dropout_sites(model)
+        if own:
+            return own
+        classifier_name = getattr(model, "classifier_layer", None)
+        if not classifier_name:
+            raise ValueError(f"ufl: {type(model).__name__} has no nn.Dropout and no classifier_layer to put one before")
+        head = HeadDropout(p)
+        head.key = classifier_name
+        model.get_submodule(classifier_name).register_forward_pre_hook(head)
+        setattr(model, HEAD_DROPOUT_ATTRIBUTE, head)  # a plain attribute: not in state_dict
+    head.p = p
+    return dropout_sites(model)
+
+
+def dropout_sites(model: nn.Module) -> list[DropoutSite]:
+    """The inserted head dropout, or else every ``nn.Dropout`` module in registration order."""
+    head = getattr(model, HEAD_DROPOUT_ATTRIBUTE, None)
+    if head is not None:
+        return [DropoutSite(head.key, head.p, inserted=True)]
+    return [DropoutSite(name, float(m.p), False) for name, m in model.named_modules() if type(m) is nn.Dropout]
+
+
+class DropoutMasks:
+    """Keep-masks for MC dropout, one generator per dropout site.
+
+    Each site draws from its own ``torch.Generator`` seeded by ``(seed,
+    site)``, one ``[B, ...]`` mask per pass. The cheap path stacks ``N``
+    passes of a batch along the batch dimension (``stacked = N``) and then
+    draws the ``N`` masks of a site one after the other, exactly as ``N``
+    separate passes do: both paths see the same masks.
+
+    Parameters
+    ----------
+    seed : int
+        Seed of this client's round (``StepContext.seed``).
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+        self.stacked = 1
+        self._generators: dict[str, torch.Generator] = {}
+
+    def _generator(self, key: str, device: torch.device) -> torch.Generator:
+        if key not in self._generators:
+            entropy = [self.seed, *key.encode()]
+            state = np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0]
+            self._generators[key] = torch.Generator(device=device).manual_seed(int(state) & 0x7FFF_FFFF_FFFF_FFFF)
+        return self._generators[key]
+
+    def apply(self, key: str, x: torch.Tensor, p: float) -> torch.Tensor:
+        """``x * keep / (1 - p)`` with ``keep ~ Bernoulli(1 - p)`` element-wise, per pass."""
+        if p <= 0.0:
+            return x
+        if p >= 1.0:
+            return torch.zeros_like(x)
+        generator = self._generator(key, x.device)
+        rows = x.shape[0] // self.stacked
+        draws = [
+            torch.rand((rows, *x.shape[1:]), generator=generator, device=x.device, dtype=x.dtype)
+            for _ in range(self.stacked)
+        ]
+        keep = torch.cat(draws) >= p
+        return x * keep.to(x.dtype) * (1.0 / (1.0 - p))
+
+
+@contextmanager
+def _modes_restored(model: nn.Module) -> Iterator[None]:
+    """Eval mode and no gradients inside; every module's mode restored after."""
+    modes = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+
+
+@contextmanager
+def mc_sampling(model: nn.Module, sites: list[DropoutSite], masks: DropoutMasks) -> Iterator[None]:
+    """MC-dropout mode: eval mode (BatchNorm uses running statistics), no gradients, dropout from ``masks``.
+
+    ``nn.Dropout`` modules stay in eval mode (identity) and a forward hook
+    replaces their output by the masked input; the inserted head dropout reads
+    ``masks`` directly. Everything is undone on exit.
+    """
+    handles = []
+    head = getattr(model, HEAD_DROPOUT_ATTRIBUTE, None)
+    with _modes_restored(model):
+        try:
+            for site in sites:
+                if site.inserted:
+                    head.masks = masks
+                    continue
+
+                def masked(module: nn.Module, args: Any, output: torch.Tensor, key: str = site.module) -> torch.Tensor:
+                    return masks.apply(key, output, float(module.p))
+
+                handles.append(model.get_submodule(site.module).register_forward_hook(masked))
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+            if head is not None:
+                head.masks = None
+
+
+# ---------------------------------------------------------------------------
+# MC predictive probabilities: naive (reference) and cheap paths
+# ---------------------------------------------------------------------------
+
+
+class _Captured(Exception):
+    """Raised by a capture hook to stop a forward pass once it has what it needs."""
+
+    def __init__(self, value: torch.Tensor) -> None:
+        super().__init__()
+        self.value = value
+
+
+@dataclass
+class _CheapPlan:
+    """Where the deterministic part of the network ends, and the modules that follow."""
+
+    entry: nn.Module  # its input is the first dropout's input
+    tail: list[nn.Module]
+
+    def features(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """Input of ``entry`` for batch ``x``; the forward pass stops there."""
+
+        def capture(module: nn.Module, args: tuple[Any, ...]) -> None:
+            raise _Captured(args[0])
+
+        handle = self.entry.register_forward_pre_hook(capture, prepend=True)
+        try:
+            model(x)
+        except _Captured as captured:
+            return captured.value
+        finally:
+            handle.remove()
+        raise RuntimeError("ufl: the forward pass never reached the first dropout")
+
+    def run_tail(self, h: torch.Tensor) -> torch.Tensor:
+        for module in self.tail:
+            h = module(h)
+        return h
+
+
+def _cheap_plan(model: nn.Module, sites: list[DropoutSite], x: torch.Tensor) -> _CheapPlan | None:
+    """Find the first dropout the forward pass reaches, and check the rest is a plain chain.
+
+    The rest is taken as the leaf modules registered from the first dropout on
+    (for the inserted head dropout: the classifier alone). It is accepted only
+    if it contains every dropout site and, in eval mode on ``x``, reproduces
+    the model's output; otherwise None (use the naive path).
+    """
+    entries = {site.module: model.get_submodule(site.module) for site in sites}
+    reached: list[tuple[str, torch.Tensor]] = []
+    handles = [
+        module.register_forward_pre_hook(lambda m, args, name=name: reached.append((name, args[0])), prepend=True)
+        for name, module in entries.items()
+    ]
+    with _modes_restored(model):
+        try:
+            expected = model(x)
+        finally:
+            for handle in handles:
+                handle.remove()
+        if not reached:
+            return None
+        first, h = reached[0]
+        if sites[0].inserted:
+            tail = [entries[first]]
+        else:
+            leaves = [(name, m) for name, m in model.named_modules() if not any(True for _ in m.children())]
+            start = next(i for i, (name, _) in enumerate(leaves) if name == first)
+            tail_names = [name for name, _ in leaves[start:]]
+            if not set(entries) <= set(tail_names):
+                return None
+            tail = [m for _, m in leaves[start:]]
+        plan = _CheapPlan(entry=entries[first], tail=tail)
+        try:
+            got = plan.run_tail(h)
+        except (RuntimeError, ValueError, TypeError):
+            return None
+    if got.shape != expected.shape or not torch.allclose(got, expected, rtol=1e-4, atol=1e-5):
+        return None
+    return plan
+
+
+def _fork_rng(device: torch.device) -> Any:
+    devices = [device.index or 0] if device.type == "cuda" else []
+    return torch.random.fork_rng(devices=devices)
+
+
+def mc_mean_probabilities(
+    model: nn.Module,
+    data: ImageTensors,
+    transform: BatchTransform,
+    device: torch.device,
+    passes: int,
+    seed: int,
+    *,
+    cheap: bool = True,
+    batch_size: int = MC_BATCH_SIZE,
+) -> torch.Tensor:
+    """``p̄``: the mean of ``passes`` MC-dropout softmax outputs for every sample of ``data``.
+
+    Eval transform (no augmentation), eval mode (BatchNorm on running
+    statistics, not updated), no gradients, fresh dropout masks per pass and
+    per sample from :class:`DropoutMasks` seeded by ``seed``. Runs inside
+    ``torch.random.fork_rng``, so the global generator (which local training's
+    dropout uses) is where it was. Call :func:`ensure_mc_dropout` first. With
+    no dropout to sample (or all ``p = 0``) the passes would be identical: one
+    pass is run, with a warning.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The received global model; its modes are restored afterwards.
+    data : ImageTensors
+        All local training samples, in order.
+    transform : BatchTransform
+        Applied with ``train=False``.
+    device : torch.device
+        Where the model is.
+    passes : int
+        ``N``, at least 1.
+    seed : int
+        Seeds the masks.
+    cheap : bool
+        Compute the part before the first dropout once per sample (see the
+        module docstring); falls back to full passes, with a warning, if the
+        part after the first dropout is not a plain chain of modules.
+    batch_size : int
+        Samples per MC batch.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[n, C]`` float32 probabilities on ``device``.
+    """
+    if passes < 1:
+        raise ValueError(f"ufl.mc-passes = {passes!r}: need at least one pass")
+    sites = dropout_sites(model)
+    if all(site.p == 0.0 for site in sites):
+        if passes > 1:
+            logger.warning("ufl: no dropout to sample (p = 0); one pass instead of %d, u is the plain CE", passes)
+        passes = 1
+    masks = DropoutMasks(seed)
+    plan: _CheapPlan | None = None
+    chunks: list[torch.Tensor] = []
+    with _fork_rng(device):
+        for index, (images, _, _) in enumerate(batches(data, batch_size, shuffle=False)):
+            x = transform(images.to(device), train=False, generator=None)
+            if cheap and index == 0 and passes > 1:
+                plan = _cheap_plan(model, sites, x)
+                if plan is None:
+                    logger.warning("ufl: the layers after the first dropout are not a plain chain; full MC passes")
+            with mc_sampling(model, sites, masks):
+                if plan is None:
+                    probabilities = torch.stack([F.softmax(model(x), dim=1) for _ in range(passes)])
+                else:
+                    h = plan.features(model, x)
+                    stacked = h.unsqueeze(0).expand(passes, *h.shape).reshape(passes * h.shape[0], *h.shape[1:])
+                    masks.stacked = passes
+                    try:
+                        logits = plan.run_tail(stacked)
+                    finally:
+                        masks.stacked = 1
+                    probabilities = F.softmax(logits, dim=1).view(passes, h.shape[0], -1)
+            chunks.append(probabilities.mean(dim=0))
+    return torch.cat(chunks)
+
+
+# ---------------------------------------------------------------------------
+# client step
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UncertaintyWeighting:
+    """UFL's per-sample loss weights for training: ``λ`` looked up by local index.
+
+    Attributes
+    ----------
+    weights : torch.Tensor
+        ``λ`` for every local sample, shape ``[n]``.
+    normalize : bool
+        Divide the batch loss by ``Σ λ`` instead of the batch size.
+    """
+
+    weights: torch.Tensor
+    normalize: bool = False
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        return self.weights.to(logits.device)[indices.to(self.weights.device)].to(logits.device)
+
+
+def ufl_options(options: Mapping[str, Any]) -> UFLSettings:
+    """UFL's settings from a recipe's ``ufl.*`` entries (missing ones take their defaults)."""
+    entries = {key[len(OPTION_PREFIX) :]: value for key, value in options.items() if key.startswith(OPTION_PREFIX)}
+    return UFLSettings.model_validate(entries)
+
+
+@register_step("ufl")
+class UFLStep(ClientStep):
+    """UFL's client side, before local training (spec §2 C2-C6).
+
+    On the received global model and every local training sample: ``N`` MC
+    dropout passes, ``u``, the top-``r`` selection, ``λ``. Returns an
+    :class:`UncertaintyWeighting` and the signals of
+    :func:`uncertainty_summary` (plus ``mc-seconds``). Recipe options:
+    ``ufl.mc-passes``, ``ufl.ratio``, ``ufl.alpha``, ``ufl.dropout``,
+    ``ufl.normalize``, ``ufl.cheap-path`` (see :class:`fedweigh.settings.UFLSettings`).
+    """
+
+    def before_training(self, context: StepContext) -> tuple[UncertaintyWeighting | None, Metrics]:
+        options = ufl_options(context.options)
+        if len(context.data) == 0:
+            raise ValueError(f"ufl: partition {context.partition_id} has no training samples")
+        started = time.perf_counter()
+        ensure_mc_dropout(context.model, options.dropout)
+        probabilities = mc_mean_probabilities(
+            context.model,
+            context.data,
+            context.transform,
+            context.device,
+            options.mc_passes,
+            context.seed,
+            cheap=options.cheap_path,
+        )
+        u = sample_uncertainty(probabilities, context.data.labels)
+        selected = select_uncertain(u, options.ratio)
+        weights = loss_weights(u, selected, options.alpha)
+        metrics = uncertainty_summary(u, selected, weights)
+        metrics["mc-seconds"] = time.perf_counter() - started
+        return UncertaintyWeighting(weights.to(context.device), normalize=options.normalize), metrics
+
+
+@register_step("ufl-dropout")
+class UFLDropoutStep(ClientStep):
+    """Only the dropout UFL inserts (``ufl.dropout``), no weighting, no signal.
+
+    For baselines that should train the same architecture as UFL (spec §4
+    item 7): list ``"ufl-dropout"`` in their ``client-steps``.
+    """
+
+    def before_training(self, context: StepContext) -> tuple[None, Metrics]:
+        ensure_mc_dropout(context.model, ufl_options(context.options).dropout)
+        return None, {}
+
+
+# ---------------------------------------------------------------------------
+# builders
+# ---------------------------------------------------------------------------
+
+
+def ufl_recipe(options: UFLSettings) -> dict[str, RecipeValue]:
+    """The ``ufl.*`` recipe entries, every option by its dashed name."""
+    return {f"{OPTION_PREFIX}{key}": value for key, value in options.model_dump(by_alias=True).items()}
+
+
+def _with_ufl_step(settings: Settings, recipe: dict[str, RecipeValue]) -> dict[str, RecipeValue]:
+    steps = recipe.get("client-steps", [])
+    recipe["client-steps"] = [*(steps if isinstance(steps, list) else [steps]), "ufl"]
+    recipe.update(ufl_recipe(settings.ufl))
+    return recipe
+
+
+def build_ufl(settings: Settings, recipe: dict[str, RecipeValue], common: dict) -> WeightedFedAvg:
+    """``strategy = "ufl"``: UFL clients and U-Agg (the paper's "UFL (+U-Agg)")."""
+    return WeightedFedAvg(u_agg_rule(settings.ufl), _with_ufl_step(settings, recipe), **common)
+
+
+def build_ufl_fedavg(settings: Settings, recipe: dict[str, RecipeValue], common: dict) -> WeightedFedAvg:
+    """``strategy = "ufl-fedavg"``: UFL clients and size-weighted FedAvg (the paper's "UFL (+Average)")."""
+    return WeightedFedAvg(SampleCountRule(), _with_ufl_step(settings, recipe), **common)

@@ -1,0 +1,108 @@
+"""Shared test fixtures: offline data, one torch thread, fake Flower messages."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATASETS = REPO.parent / "shared" / "datasets"
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HOME", str(REPO / ".cache" / "huggingface"))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402  (after the environment above)
+from flwr.app import ArrayRecord, Message, Metadata, MetricRecord, RecordDict  # noqa: E402
+from flwr.app.message.message import make_message  # noqa: E402
+from flwr.serverapp import Grid  # noqa: E402
+
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+torch.set_num_threads(1)
+# Messages built outside a running ServerApp take their sender from here.
+TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+
+
+def reply(node_id: int, arrays: Mapping[str, np.ndarray] | None, metrics: Mapping, error: str | None = None) -> Message:
+    """A training reply as the server would receive it from ``node_id``."""
+    metadata = Metadata(
+        run_id=1,
+        message_id=f"m{node_id}",
+        src_node_id=node_id,
+        dst_node_id=0,
+        reply_to_message_id="",
+        group_id="",
+        created_at=time.time(),
+        ttl=3600,
+        message_type="train",
+    )
+    if error is not None:
+        from flwr.app import Error
+
+        return make_message(metadata=metadata, error=Error(code=0, reason=error))
+    content = RecordDict({"metrics": MetricRecord(dict(metrics))})
+    if arrays is not None:
+        content["arrays"] = _named(arrays)
+    return make_message(metadata=metadata, content=content)
+
+
+def _named(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
+    from flwr.app import Array
+
+    return ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()})
+
+
+class FakeGrid(Grid):
+    """A Grid whose nodes answer ``query`` with their partition id.
+
+    ``partitions`` maps node id to partition id. Train messages are answered
+    by ``train_handler(message) -> Message`` when given.
+    """
+
+    def __init__(self, partitions: Mapping[int, int], train_handler=None) -> None:
+        self.partitions = dict(partitions)
+        self.train_handler = train_handler
+        self.sent: list[Message] = []
+
+    def set_run(self, run) -> None:  # pragma: no cover - unused
+        self._run = run
+
+    @property
+    def run(self):  # pragma: no cover - unused
+        return None
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.partitions)
+
+    def create_message(self, *args, **kwargs):  # pragma: no cover - unused
+        raise NotImplementedError
+
+    def push_messages(self, messages):  # pragma: no cover - unused
+        raise NotImplementedError
+
+    def pull_messages(self, message_ids):  # pragma: no cover - unused
+        raise NotImplementedError
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for message in messages:
+            self.sent.append(message)
+            node = message.metadata.dst_node_id
+            if message.metadata.message_type == "query":
+                metrics = {"partition-id": self.partitions[node], "num-partitions": len(self.partitions)}
+                replies.append(reply(node, None, metrics))
+            elif self.train_handler is not None:
+                replies.append(self.train_handler(message))
+        return replies
+
+
+@pytest.fixture
+def fake_grid():
+    return FakeGrid

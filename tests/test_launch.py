@@ -1,0 +1,427 @@
+"""Fast unit tests of the pure parts of fedweigh.launch (no SuperLink is started)."""
+
+from __future__ import annotations
+
+import tomllib
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from fedweigh import launch
+from fedweigh.launch import (
+    build_federation_config,
+    build_run_config_arg,
+    default_run_name,
+    flwr_run_command,
+    format_toml_value,
+    merge_connection,
+    parse_run_config,
+    parse_run_id,
+    parse_run_status,
+    prepare_run_config,
+    resolve_dataset,
+    resolve_flwr_home,
+    resolve_output_dir,
+    results_dir_for,
+    simulation_env,
+    superlink_command,
+    update_connection_text,
+    write_connection,
+)
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+APP_DEFAULTS = {
+    "strategy": "fedavg",
+    "seed": 1,
+    "learning-rate": 0.05,
+    "output-dir": "outputs",
+    "run-name": "",
+    "resume-from": "",
+    "dataset": "digits",
+    "augment": True,
+    "fedprox.proximal-mu": 0.01,
+}
+
+
+# ---------------------------------------------------------------- config.toml
+
+
+def test_merge_connection_keeps_other_entries():
+    cfg = {
+        "superlink": {
+            "default": "mine",
+            "mine": {"address": "10.0.0.1:9093", "root-certificates": "/c.pem"},
+            "local": {"address": ":local:", "options": {"num-supernodes": 3}},
+        },
+        "other": {"x": 1},
+    }
+    merged = merge_connection(cfg, "fedweigh-sim", "127.0.0.1:39191")
+    assert merged["superlink"]["fedweigh-sim"] == {
+        "address": "127.0.0.1:39191",
+        "insecure": True,
+    }
+    assert merged["superlink"]["default"] == "mine"
+    assert merged["superlink"]["mine"] == cfg["superlink"]["mine"]
+    assert merged["superlink"]["local"]["options"] == {"num-supernodes": 3}
+    assert merged["other"] == {"x": 1}
+    assert "fedweigh-sim" not in cfg["superlink"]  # input not mutated
+
+
+def test_update_connection_text_creates_flower_default_when_missing():
+    text = update_connection_text(None, "fedweigh-sim", "127.0.0.1:39191")
+    parsed = tomllib.loads(text)
+    assert parsed["superlink"]["default"] == "local"
+    assert parsed["superlink"]["local"] == {"address": ":local:"}
+    assert parsed["superlink"]["supergrid"]["address"] == "api.flower.ai"
+    assert parsed["superlink"]["fedweigh-sim"] == {
+        "address": "127.0.0.1:39191",
+        "insecure": True,
+    }
+
+
+def test_update_connection_text_appends_and_keeps_comments():
+    existing = (
+        "# my flower config\n"
+        "[superlink]\n"
+        'default = "prod"  # keep me\n\n'
+        "[superlink.prod]\n"
+        'address = "flower.example.org:443"\n'
+        'root-certificates = "/etc/ca.pem"\n'
+    )
+    text = update_connection_text(existing, "fedweigh-sim", "127.0.0.1:4000")
+    assert text.startswith(existing.rstrip("\n"))
+    assert "# keep me" in text
+    parsed = tomllib.loads(text)
+    assert parsed["superlink"]["default"] == "prod"
+    assert parsed["superlink"]["prod"]["address"] == "flower.example.org:443"
+    assert parsed["superlink"]["fedweigh-sim"]["address"] == "127.0.0.1:4000"
+
+
+def test_update_connection_text_unchanged_returns_none():
+    text = update_connection_text(None, "fedweigh-sim", "127.0.0.1:39191")
+    assert update_connection_text(text, "fedweigh-sim", "127.0.0.1:39191") is None
+
+
+def test_update_connection_text_rewrites_changed_port_keeping_others():
+    text = update_connection_text(None, "fedweigh-sim", "127.0.0.1:39191")
+    new = update_connection_text(text, "fedweigh-sim", "127.0.0.1:40000")
+    parsed = tomllib.loads(new)
+    assert parsed["superlink"]["fedweigh-sim"]["address"] == "127.0.0.1:40000"
+    assert parsed["superlink"]["local"] == {"address": ":local:"}
+    assert parsed["superlink"]["default"] == "local"
+
+
+def test_update_connection_text_inline_superlink_table_falls_back_to_rewrite():
+    existing = 'superlink = { default = "x", x = { address = "h:1" } }\n'
+    parsed = tomllib.loads(update_connection_text(existing, "sim", "127.0.0.1:5"))
+    assert parsed["superlink"]["x"] == {"address": "h:1"}
+    assert parsed["superlink"]["sim"] == {"address": "127.0.0.1:5", "insecure": True}
+
+
+def test_update_connection_text_rejects_odd_names():
+    with pytest.raises(ValueError, match="connection name"):
+        update_connection_text(None, "has space", "127.0.0.1:1")
+
+
+def test_write_connection_roundtrip(tmp_path: Path):
+    home = tmp_path / ".flwr"
+    path = write_connection(home, "fedweigh-sim", "127.0.0.1:39191")
+    first = path.read_text()
+    write_connection(home, "fedweigh-sim", "127.0.0.1:39191")
+    assert path.read_text() == first  # idempotent, no rewrite
+    write_connection(home, "other", "127.0.0.1:1")
+    parsed = tomllib.loads(path.read_text())
+    assert {"fedweigh-sim", "other", "local"} <= set(parsed["superlink"])
+
+
+def test_resolve_flwr_home(tmp_path: Path):
+    assert resolve_flwr_home(tmp_path, env={}) == tmp_path.resolve() / ".flwr"
+    assert resolve_flwr_home(tmp_path, env={"FLWR_HOME": str(tmp_path / "h")}) == (tmp_path / "h")
+
+
+# ---------------------------------------------------------------- run-config strings
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (True, "true"),
+        (False, "false"),
+        (3, "3"),
+        (0.05, "0.05"),
+        (1e-05, "1e-05"),
+        (float("inf"), "inf"),
+        ("digits", "'digits'"),
+        ("a b c", "'a b c'"),
+        ("/data/my set/x", "'/data/my set/x'"),
+        ("C:\\data\\x", "'C:\\data\\x'"),
+        ("it's", '"it\'s"'),
+        ("", "''"),
+    ],
+)
+def test_format_toml_value(value, expected):
+    assert format_toml_value(value) == expected
+
+
+def test_format_toml_value_rejects_unrepresentable():
+    with pytest.raises(ValueError):
+        format_toml_value("both ' and \"")
+    with pytest.raises(ValueError):
+        format_toml_value("two\nlines")
+    with pytest.raises(TypeError):
+        format_toml_value([1, 2])
+
+
+def test_format_toml_value_numpy_scalars():
+    np = pytest.importorskip("numpy")
+    assert format_toml_value(np.float32(0.5)) == "0.5"
+    assert format_toml_value(np.int64(7)) == "7"
+
+
+def test_format_toml_value_path():
+    assert format_toml_value(Path("/a b/c")) == "'/a b/c'"
+
+
+def test_build_run_config_arg_order_and_quoting():
+    arg = build_run_config_arg({"strategy": "fedoui", "seed": 3, "output-dir": "/tmp/my out", "augment": False})
+    assert arg == "strategy='fedoui' seed=3 output-dir='/tmp/my out' augment=false"
+
+
+def test_build_run_config_arg_rejects_bad_keys():
+    with pytest.raises(ValueError):
+        build_run_config_arg({"bad key": 1})
+    with pytest.raises(ValueError):
+        build_run_config_arg({"a=b": 1})
+
+
+ROUNDTRIP = {
+    "strategy": "fedavg",
+    "seed": 7,
+    "learning-rate": 0.1,
+    "augment": True,
+    "output-dir": "/tmp/with space/out",
+    "dataset": "C:\\Users\\me\\data",
+    "note": "it's fine",
+    "run-name": "x=y",
+    "fedprox.proximal-mu": 0.001,
+}
+
+
+def test_run_config_string_roundtrips_through_flwr_parser():
+    from flwr.common.config import parse_config_args
+
+    assert parse_config_args([build_run_config_arg(ROUNDTRIP)]) == ROUNDTRIP
+
+
+def test_run_config_string_roundtrips_through_our_parser():
+    assert parse_run_config([build_run_config_arg(ROUNDTRIP)]) == ROUNDTRIP
+
+
+def test_parse_run_config_like_flwr():
+    got = parse_run_config(["strategy='fedoui' seed=3", 'note="a b" fedprox.proximal-mu=0.1 augment=false'])
+    assert got == {
+        "strategy": "fedoui",
+        "seed": 3,
+        "note": "a b",
+        "fedprox.proximal-mu": 0.1,
+        "augment": False,
+    }
+
+
+def test_parse_run_config_bare_words_are_strings():
+    assert parse_run_config(["strategy=fedoui dataset=./data/x"]) == {
+        "strategy": "fedoui",
+        "dataset": "./data/x",
+    }
+
+
+def test_parse_run_config_rejects_unquoted_spaces():
+    with pytest.raises(ValueError, match="world"):
+        parse_run_config(["note=hello world"])
+
+
+def test_parse_run_config_toml_file(tmp_path: Path):
+    f = tmp_path / "over.toml"
+    f.write_text('strategy = "ufl"\n[fedprox]\nproximal-mu = 0.5\n')
+    assert parse_run_config([str(f)]) == {"strategy": "ufl", "fedprox.proximal-mu": 0.5}
+    with pytest.raises(ValueError):
+        parse_run_config([str(f), "seed=1"])
+
+
+def test_parse_run_config_empty():
+    assert parse_run_config(None) == {}
+    assert parse_run_config(["", "  "]) == {}
+
+
+def test_build_federation_config():
+    assert build_federation_config(10, 1, 0.0) == (
+        "num-supernodes=10 client-resources-num-cpus=1 client-resources-num-gpus=0.0"
+    )
+    assert build_federation_config(4, 2, 0.25, {"init-args-num-cpus": 2}).endswith(
+        "client-resources-num-gpus=0.25 init-args-num-cpus=2"
+    )
+    with pytest.raises(ValueError):
+        build_federation_config(0)
+    with pytest.raises(ValueError):
+        build_federation_config(2, 0)
+
+
+def test_federation_config_is_accepted_by_flwr():
+    from flwr.common.config import parse_config_args
+    from flwr.supercore.utils import simulation_config_from_json
+
+    parsed = parse_config_args([build_federation_config(7, 1, 0.5)])
+    sim = simulation_config_from_json({k.replace("-", "_"): v for k, v in parsed.items()})
+    assert sim.num_supernodes == 7
+    assert sim.client_resources_num_cpus == 1
+    assert sim.client_resources_num_gpus == 0.5
+
+
+# ---------------------------------------------------------------- paths & run name
+
+
+def test_resolve_output_dir(tmp_path: Path):
+    assert resolve_output_dir("outputs", tmp_path) == tmp_path / "outputs"
+    assert resolve_output_dir("../x/./y", tmp_path / "a") == tmp_path / "x" / "y"
+    assert resolve_output_dir(None, tmp_path) == tmp_path / "outputs"
+    assert resolve_output_dir("", tmp_path) == tmp_path / "outputs"
+    assert resolve_output_dir("/abs/out", tmp_path) == Path("/abs/out")
+    assert resolve_output_dir("~/o", tmp_path) == Path.home() / "o"
+
+
+def test_resolve_dataset(tmp_path: Path):
+    (tmp_path / "data" / "femnist").mkdir(parents=True)
+    assert resolve_dataset("data/femnist", tmp_path) == str(tmp_path / "data" / "femnist")
+    assert resolve_dataset("./data/../data", tmp_path) == str(tmp_path / "data")
+    # names / hub ids that are not local folders stay untouched
+    assert resolve_dataset("digits", tmp_path) == "digits"
+    assert resolve_dataset("uoft-cs/cifar10", tmp_path) == "uoft-cs/cifar10"
+    assert resolve_dataset("/abs/path", tmp_path) == "/abs/path"
+    assert resolve_dataset("", tmp_path) == ""
+    assert resolve_dataset(3, tmp_path) == 3
+
+
+def test_default_run_name():
+    assert default_run_name("fedoui", NOW) == "fedoui-20260102T030405Z"
+    plus2 = timezone(timedelta(hours=2))
+    assert default_run_name("ufl", NOW.astimezone(plus2)) == "ufl-20260102T030405Z"
+    assert default_run_name("a b/c", NOW) == "a_b_c-20260102T030405Z"
+    assert default_run_name("", NOW) == "run-20260102T030405Z"
+    assert default_run_name(None).startswith("run-")
+
+
+def test_prepare_run_config_defaults(tmp_path: Path):
+    cfg = prepare_run_config({}, APP_DEFAULTS, tmp_path, now=NOW)
+    assert cfg == {
+        "output-dir": str(tmp_path / "outputs"),
+        "run-name": "fedavg-20260102T030405Z",
+    }
+    assert results_dir_for(cfg) == tmp_path / "outputs" / "fedavg-20260102T030405Z"
+
+
+def test_prepare_run_config_strategy_override_and_paths(tmp_path: Path):
+    (tmp_path / "mydata").mkdir()
+    (tmp_path / "ckpt.pt").write_text("x")
+    cfg = prepare_run_config(
+        {
+            "strategy": "feddle",
+            "output-dir": "res",
+            "dataset": "mydata",
+            "resume-from": "ckpt.pt",
+            "learning-rate": 1,
+            "seed": 2,
+        },
+        APP_DEFAULTS,
+        tmp_path,
+        now=NOW,
+    )
+    assert cfg["run-name"] == "feddle-20260102T030405Z"
+    assert cfg["output-dir"] == str(tmp_path / "res")
+    assert cfg["dataset"] == str(tmp_path / "mydata")
+    assert cfg["resume-from"] == str(tmp_path / "ckpt.pt")
+    assert cfg["learning-rate"] == 1.0 and isinstance(cfg["learning-rate"], float)
+    assert cfg["seed"] == 2 and isinstance(cfg["seed"], int)
+
+
+def test_prepare_run_config_keeps_explicit_run_name(tmp_path: Path):
+    cfg = prepare_run_config({"run-name": "mine"}, APP_DEFAULTS, tmp_path, now=NOW)
+    assert cfg["run-name"] == "mine"
+
+
+def test_prepare_run_config_default_name_avoids_existing_results(tmp_path: Path):
+    (tmp_path / "outputs" / "fedavg-20260102T030405Z").mkdir(parents=True)
+    (tmp_path / "outputs" / "fedavg-20260102T030405Z-2").mkdir()
+    cfg = prepare_run_config({}, APP_DEFAULTS, tmp_path, now=NOW)
+    assert cfg["run-name"] == "fedavg-20260102T030405Z-3"
+
+
+def test_prepare_run_config_rejects_unknown_keys(tmp_path: Path):
+    with pytest.raises(ValueError, match="bogus"):
+        prepare_run_config({"bogus": 1}, APP_DEFAULTS, tmp_path)
+
+
+def test_prepare_run_config_app_without_output_keys(tmp_path: Path):
+    assert prepare_run_config({"seed": 3}, {"seed": 1}, tmp_path) == {"seed": 3}
+    assert results_dir_for({"seed": 3}) is None
+
+
+def test_load_app_config_matches_repo_pyproject():
+    root = Path(__file__).resolve().parents[1]
+    cfg = launch.load_app_config(root)
+    for key in ("strategy", "output-dir", "run-name", "dataset"):
+        assert key in cfg
+    assert "fedprox.proximal-mu" in cfg  # nested tables are flattened like flwr does
+
+
+# ---------------------------------------------------------------- commands & parsing
+
+
+def test_superlink_command_disables_uv_sync():
+    cmd = superlink_command(39191)
+    assert Path(cmd[0]).name == "flower-superlink"
+    assert "--disable-runtime-dependency-installation" in cmd
+    assert "--simulation" in cmd and "--insecure" in cmd
+    assert cmd[cmd.index("--port") + 1] == "39191"
+    assert "--database" not in cmd
+    assert superlink_command(1, database="/x/state.db")[-2:] == ["--database", "/x/state.db"]
+
+
+def test_flwr_run_command(tmp_path: Path):
+    cmd = flwr_run_command(tmp_path, "fedweigh-sim", "num-supernodes=2", {"seed": 1})
+    assert Path(cmd[0]).name == "flwr"
+    assert cmd[1:4] == ["run", str(tmp_path), "fedweigh-sim"]
+    assert cmd[cmd.index("--federation-config") + 1] == "num-supernodes=2"
+    assert cmd[cmd.index("--run-config") + 1] == "seed=1"
+    assert cmd[-1] == "--stream"
+    assert "--run-config" not in flwr_run_command(tmp_path, "c", "n=1", {}, stream=False)
+
+
+def test_simulation_env(tmp_path: Path):
+    env = simulation_env(tmp_path / ".flwr", base={"PATH": "/usr/bin", "MKL_NUM_THREADS": "4"})
+    assert env["FLWR_HOME"] == str(tmp_path / ".flwr")
+    assert env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
+    assert env["OMP_NUM_THREADS"] == "1"
+    assert env["MKL_NUM_THREADS"] == "4"  # explicit user setting wins
+    assert env["PATH"].endswith("/usr/bin")
+
+
+def test_parse_run_id():
+    assert parse_run_id("Successfully started run 7133483675557156164\n") == 7133483675557156164
+    assert parse_run_id("\x1b[32mSuccessfully started run 42\x1b[0m") == 42
+    assert parse_run_id("INFO : Starting logstream for run_id `42`") is None
+
+
+def test_parse_run_status():
+    ok = (
+        '{"success": true, "runs": [{"run-id": "5", "status": "finished:failed", '
+        '"status-details": "Simulation failed"}]}'
+    )
+    assert parse_run_status(ok, 5) == ("finished:failed", "Simulation failed")
+    running = '{"success": true, "runs": [{"run-id": "5", "status": "running", "status-details": "N/A"}]}'
+    assert parse_run_status(running, 5) == ("running", "")
+    # flwr ls exits 0 on errors and reports success=false
+    err = '{"success": false, "error-message": "Run ID not found."}'
+    assert parse_run_status(err, 5) == (None, "Run ID not found.")
+    assert parse_run_status("garbage", 5)[0] is None
