@@ -47,8 +47,7 @@ def partition_of(context: Context) -> tuple[int, int]:
     config = context.node_config
     if "partition-id" not in config or "num-partitions" not in config:
         raise ValueError(
-            "this SuperNode has no data partition: start it with "
-            "--node-config \"partition-id=<i> num-partitions=<n>\""
+            'this SuperNode has no data partition: start it with --node-config "partition-id=<i> num-partitions=<n>"'
         )
     return int(config["partition-id"]), int(config["num-partitions"])
 
@@ -125,9 +124,7 @@ def train(message: Message, context: Context) -> Message:
         if weighting is not None:
             weightings.append(weighting)
 
-    stats = train_locally(
-        model, data, _recipe(config), step_context.transform, device, generator, combine(weightings)
-    )
+    stats = train_locally(model, data, _recipe(config), step_context.transform, device, generator, combine(weightings))
     for step in steps:
         signals.update(step.after_training(step_context))
 
@@ -150,7 +147,5 @@ def evaluate_locally(message: Message, context: Context) -> Message:
     settings, model, device, partition_id, num_partitions = _setup(message, context)
     data = load_partition(data_spec(settings, num_partitions), partition_id)
     result = evaluate(model, data, batch_transform(settings), device, settings.eval_batch_size)
-    metrics = MetricRecord(
-        {"num-examples": result.num_examples, "eval_loss": result.loss, "eval_acc": result.accuracy}
-    )
+    metrics = MetricRecord({"num-examples": result.num_examples, "eval_loss": result.loss, "eval_acc": result.accuracy})
     return Message(RecordDict({"metrics": metrics}), reply_to=message)

@@ -386,8 +386,17 @@ def prepare_run_config(
     return cfg
 
 
+def check_settings(run_config: Mapping[str, Any]) -> None:
+    """Validate the full run config as the apps will (``ValueError`` naming each bad setting)."""
+    from fedweigh.settings import parse_settings  # the launcher itself needs no torch
+
+    parse_settings(run_config)
+
+
 def results_dir_for(run_config: Mapping[str, Any]) -> Path | None:
     """``<output-dir>/<run-name>`` of a prepared run config, if both are known."""
+    if run_config.get("resume-from"):  # a resumed run continues in its own folder
+        return Path(str(run_config["resume-from"]))
     out, name = run_config.get("output-dir"), run_config.get("run-name")
     if not out or not name:
         return None
@@ -674,10 +683,11 @@ class ProcessTree:
         Their raylet is gone and they do not react to SIGTERM: SIGKILL after 1 s."""
         return self.kill(self.orphans(self.refresh()), term_wait=1.0, retry_term=False)
 
-    def terminate(self, grace: float = 10.0) -> list[int]:
+    def terminate(self, grace: float = 10.0, settle: float = 5.0) -> list[int]:
         """SIGTERM the root (the SuperLink terminates its SuperExec), SIGKILL it after
-        ``grace`` s, give the rest 5 s to exit on their own (Flower's task processes
-        watch their parent), then ``kill()`` what remains.  Returns SIGKILLed pids."""
+        ``grace`` s, give the rest ``settle`` s to exit on their own (Flower's task
+        processes watch their parent), then ``kill()`` what remains.  Returns SIGKILLed
+        pids."""
         table = self.refresh()
         if not self.root_alive(table):
             return self.kill(self._living(self.known, table))
@@ -687,7 +697,7 @@ class ProcessTree:
             _signal_all([self.root], signal.SIGKILL)
             killed.append(self.root[0])
             self._wait_gone(lambda: {self.root}, 2.0)
-        left = self._wait_gone(lambda: self.known, 5.0)
+        left = self._wait_gone(lambda: self.known, settle)
         return killed + self.kill(left)
 
 
@@ -730,7 +740,7 @@ def write_connection(flwr_home: Path, name: str, address: str, insecure: bool = 
     text = path.read_text(encoding="utf-8") if path.exists() else None
     new = update_connection_text(text, name, address, insecure)
     if new is not None:
-        tmp = path.with_suffix(".toml.tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(new, encoding="utf-8")
         tmp.replace(path)
     return path
@@ -885,7 +895,7 @@ class LocalSimulation:
         if self.keep_superlink:
             self._say(
                 f"keeping SuperLink (pid {self.process.pid}) on {self.address}; stop it "
-                f"with `fedweigh stop-superlink --port {self.port}`"
+                f"with `fedweigh stop-superlink --app {self.app_dir} --port {self.port}`"
             )
             return
         with _sigint_ignored():
@@ -1021,6 +1031,7 @@ class LocalSimulation:
             # simulated nodes register one by one while the ServerApp already runs.
             overrides.setdefault(NUM_SUPERNODES_KEY, int(num_supernodes))
         cfg = prepare_run_config(overrides, app_defaults, base)
+        check_settings({**app_defaults, **cfg})
         results_dir = results_dir_for(cfg)
         fed = build_federation_config(num_supernodes, cpus_per_client, gpus_per_client, federation_config)
         cmd = flwr_run_command(app, self.connection, fed, cfg, stream=stream)
@@ -1161,7 +1172,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     try:
         overrides = parse_run_config(args.run_config)
         # Validate before starting anything.
-        prepare_run_config(overrides, load_app_config(app), Path.cwd())
+        defaults = load_app_config(app)
+        check_settings({**defaults, **prepare_run_config(overrides, defaults, Path.cwd())})
     except (ValueError, SimulationError) as err:
         print(f"fedweigh: {err}", file=sys.stderr)
         return 2
@@ -1186,7 +1198,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     total = time.monotonic() - t0
     print(f"\nrun {outcome.run_id}: {outcome.status}" + (f" ({outcome.details})" if outcome.details else ""))
     if outcome.results_dir is not None:
-        print(f"results: {outcome.results_dir}")
+        missing = "" if outcome.results_dir.exists() else " (not created)"
+        print(f"results: {outcome.results_dir}{missing}")
         summary = outcome.summary()
         if summary is not None and "final_accuracy" in summary:
             print(f"final_accuracy: {summary['final_accuracy']}")

@@ -53,9 +53,7 @@ class Checkpoint:
     def save(self, path: Path) -> None:
         """Write atomically: a crash mid-write never leaves a broken checkpoint."""
         partial = path.with_suffix(".partial")
-        torch.save(
-            {"round": self.round, "arrays": self.arrays, "strategy_state": self.strategy_state}, partial
-        )
+        torch.save({"round": self.round, "arrays": self.arrays, "strategy_state": self.strategy_state}, partial)
         os.replace(partial, path)
 
     @classmethod

@@ -108,7 +108,7 @@ def main(grid: Grid, context: Context) -> None:
     strategy = build_strategy(settings, round_offset=start_round)
     if settings.resume_from:
         strategy.load_state(checkpoint.strategy_state)
-    nodes = strategy.directory.refresh(grid, settings.min_train_nodes)
+    nodes = strategy.directory.await_federation(grid, settings.min_train_nodes)
     num_partitions = strategy.directory.num_partitions or len(nodes)
     check_partitions(settings, num_partitions)
 

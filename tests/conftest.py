@@ -22,7 +22,6 @@ import torch  # noqa: E402  (after the environment above)
 from flwr.app import ArrayRecord, Message, Metadata, MetricRecord, RecordDict  # noqa: E402
 from flwr.app.message.message import make_message  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
-
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 torch.set_num_threads(1)

@@ -425,3 +425,39 @@ def test_parse_run_status():
     err = '{"success": false, "error-message": "Run ID not found."}'
     assert parse_run_status(err, 5) == (None, "Run ID not found.")
     assert parse_run_status("garbage", 5)[0] is None
+
+
+# ---------------------------------------------------------------- process tree (Linux)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_process_tree_terminate_and_orphans(tmp_path: Path):
+    import subprocess
+    import time
+
+    from fedweigh.launch import ProcessTree, _process_table
+
+    # root (bash) -> middle (bash) -> sleep; killing the middle orphans the sleep,
+    # which the tree still remembers (like Ray's agents after a stopped run).
+    ready = tmp_path / "ready"
+    script = f"bash -c 'sleep 30 & echo $! > {ready}.sleep; touch {ready}; wait' & wait"
+    root = subprocess.Popen(["bash", "-c", script])
+    try:
+        deadline = time.monotonic() + 10
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sleep_pid = int(Path(f"{ready}.sleep").read_text())
+        tree = ProcessTree(root.pid, root)
+        assert sleep_pid in {p for p, _ in tree.known}
+        middle = _process_table()[sleep_pid][0]
+        subprocess.run(["kill", "-KILL", str(middle)], check=True)
+        time.sleep(0.3)
+        assert sleep_pid in {p for p, _ in tree.orphans(tree.refresh())}
+        tree.kill_orphans()
+        table = _process_table()  # a killed orphan may linger as a zombie of init
+        assert sleep_pid not in table or table[sleep_pid][2] == "Z"
+        tree.terminate(grace=2.0, settle=0.2)
+        assert root.wait(timeout=5) is not None
+    finally:
+        if root.poll() is None:
+            root.kill()

@@ -74,14 +74,10 @@ def _capture(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
     probe = model.get_submodule(model.probe_layer)
     classifier = model.get_submodule(model.classifier_layer)
 
-    def on_probe(
-        _m: nn.Module, _i: tuple[torch.Tensor, ...], out: torch.Tensor
-    ) -> None:
+    def on_probe(_m: nn.Module, _i: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
         seen["probe"] = out
 
-    def on_classifier(
-        _m: nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor
-    ) -> None:
+    def on_classifier(_m: nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
         seen["classifier_in"] = inputs[0]
         seen["classifier_out"] = out
 
@@ -114,9 +110,7 @@ def test_registry_names_are_exactly_the_documented_ones() -> None:
 
 @pytest.mark.parametrize("num_classes", [10, 7])
 @pytest.mark.parametrize("name", ALL_MODELS)
-def test_output_is_a_logit_tensor_of_the_right_shape(
-    name: str, num_classes: int
-) -> None:
+def test_output_is_a_logit_tensor_of_the_right_shape(name: str, num_classes: int) -> None:
     in_channels, side = NATURAL_INPUT[name]
     torch.manual_seed(0)
     model = build_model(name, num_classes, in_channels, side)
@@ -130,9 +124,7 @@ def test_output_is_a_logit_tensor_of_the_right_shape(
 
 
 @pytest.mark.parametrize(("name", "expected"), sorted(PAPER_PARAMETER_COUNTS.items()))
-def test_paper_models_have_the_published_parameter_count(
-    name: str, expected: int
-) -> None:
+def test_paper_models_have_the_published_parameter_count(name: str, expected: int) -> None:
     assert _count(_cached_model(name, 10)) == expected
 
 
@@ -144,9 +136,7 @@ def test_resnet18_parameter_count_matches_torchvision() -> None:
 
 @pytest.mark.parametrize("num_classes", [10, 7])
 @pytest.mark.parametrize("name", ALL_MODELS)
-def test_layer_names_resolve_and_classifier_produces_the_logits(
-    name: str, num_classes: int
-) -> None:
+def test_layer_names_resolve_and_classifier_produces_the_logits(name: str, num_classes: int) -> None:
     model = _cached_model(name, num_classes)
     assert isinstance(model.probe_layer, str)
     assert isinstance(model.classifier_layer, str)
@@ -285,9 +275,7 @@ def test_bad_sizes_and_option_values_are_rejected(
         ("mlp", 3, 16, 3 * 16 * 16),
     ],
 )
-def test_flatten_size_follows_the_input_size(
-    name: str, in_channels: int, side: int, flatten_features: int
-) -> None:
+def test_flatten_size_follows_the_input_size(name: str, in_channels: int, side: int, flatten_features: int) -> None:
     model = build_model(name, 5, in_channels, side)
     first_linear = next(m for m in model.modules() if isinstance(m, nn.Linear))
     assert first_linear.in_features == flatten_features
@@ -334,8 +322,6 @@ def test_build_is_deterministic_under_a_seed() -> None:
     first = build_model("vgg9", 10, 3, 32)
     torch.manual_seed(3)
     second = build_model("vgg9", 10, 3, 32)
-    for (key_a, a), (key_b, b) in zip(
-        first.state_dict().items(), second.state_dict().items(), strict=True
-    ):
+    for (key_a, a), (key_b, b) in zip(first.state_dict().items(), second.state_dict().items(), strict=True):
         assert key_a == key_b
         assert torch.equal(a, b)

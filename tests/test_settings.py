@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import SHARED_DATASETS
+
 from fedweigh.settings import SettingsError, parse_settings
 
 

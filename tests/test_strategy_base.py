@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import FakeGrid, reply
 from flwr.app import Array, ArrayRecord, ConfigRecord
 from flwr.serverapp.strategy import FedAvg
 
-from conftest import FakeGrid, reply
 from fedweigh.strategies.aggregation import decode, weighted_average
 from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.sampling import sample_partitions
@@ -122,7 +122,10 @@ def test_no_valid_reply_keeps_the_model():
 def test_signal_rule_rejects_clients_without_the_signal():
     strategy = WeightedFedAvg(ComplementShareRule("uncertainty"), min_available_nodes=2)
     prime(strategy)
-    good = [reply(1000 + i, model(i), {"num-examples": 5, "train_loss": 1.0, "uncertainty": u}) for i, u in enumerate([1.0, 3.0])]
+    good = [
+        reply(1000 + i, model(i), {"num-examples": 5, "train_loss": 1.0, "uncertainty": u})
+        for i, u in enumerate([1.0, 3.0])
+    ]
     missing = reply(1002, model(2), {"num-examples": 5, "train_loss": 1.0})
     negative = reply(1003, model(3), {"num-examples": 5, "train_loss": 1.0, "uncertainty": -1.0})
     strategy.aggregate_train(1, [*good, missing, negative])
@@ -135,7 +138,9 @@ def test_same_seed_same_clients_for_every_strategy():
     for rule in (SampleCountRule(), UniformRule(), ComplementShareRule("train_loss")):
         strategy = WeightedFedAvg(rule, seed=3, fraction_train=0.25, min_train_nodes=2, min_available_nodes=2)
         # node ids differ per run; partitions are what must match
-        grid = FakeGrid({int(node): p for p, node in enumerate(np.random.default_rng(len(sequences)).permutation(20) + 500)})
+        grid = FakeGrid(
+            {int(node): p for p, node in enumerate(np.random.default_rng(len(sequences)).permutation(20) + 500)}
+        )
         rounds = []
         for server_round in range(1, 6):
             messages = strategy.configure_train(server_round, global_record(), ConfigRecord(), grid)
@@ -171,3 +176,31 @@ def test_weighted_average_is_exact_for_floats():
     average = weighted_average(models, weights)
     expected = sum(w * m["conv.weight"].astype(np.float64) for w, m in zip(weights, models, strict=True))
     np.testing.assert_allclose(average["conv.weight"], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_await_federation_waits_for_every_announced_partition():
+    class SlowGrid(FakeGrid):
+        """Nodes register one per call of get_node_ids, as simulated SuperNodes do."""
+
+        def __init__(self, partitions):
+            super().__init__(partitions)
+            self.visible = 1
+
+        def get_node_ids(self):
+            self.visible = min(self.visible + 1, len(self.partitions))
+            return list(self.partitions)[: self.visible]
+
+    from fedweigh.strategies.sampling import NodeDirectory
+
+    grid = SlowGrid({100 + i: i for i in range(6)})
+    nodes = NodeDirectory().await_federation(grid, min_nodes=2, timeout=30)
+    assert sorted(nodes) == [100 + i for i in range(6)]
+
+
+def test_aggregation_does_not_depend_on_reply_order():
+    strategy = WeightedFedAvg(SampleCountRule(), min_available_nodes=2)
+    prime(strategy)
+    forward, _ = strategy.aggregate_train(1, replies([10, 30, 60]))
+    backward, _ = strategy.aggregate_train(1, list(reversed(replies([10, 30, 60]))))
+    for name, value in decode(forward).items():
+        np.testing.assert_array_equal(decode(backward)[name], value)

@@ -92,9 +92,7 @@ def train_locally(
     optimizer = torch.optim.SGD(
         model.parameters(), lr=recipe.learning_rate, momentum=recipe.momentum, weight_decay=recipe.weight_decay
     )
-    anchor = (
-        [p.detach().clone() for p in model.parameters() if p.requires_grad] if recipe.proximal_mu > 0 else []
-    )
+    anchor = [p.detach().clone() for p in model.parameters() if p.requires_grad] if recipe.proximal_mu > 0 else []
     loss_sum = 0.0
     steps = 0
     for _ in range(recipe.local_epochs):

@@ -52,9 +52,7 @@ from fedweigh.models.resnet import resnet8, resnet18
 from fedweigh.models.vgg import VGG9
 
 
-def _build_resnet8(
-    num_classes: int, in_channels: int, image_size: int, *, width: int = 128
-) -> nn.Module:
+def _build_resnet8(num_classes: int, in_channels: int, image_size: int, *, width: int = 128) -> nn.Module:
     """Registry adapter for :func:`resnet8`; ``image_size`` is not needed."""
     del image_size  # global average pooling accepts any size
     return resnet8(num_classes=num_classes, in_channels=in_channels, width=width)
@@ -114,14 +112,10 @@ def model_options(name: str) -> list[str]:
     """
     builder = _builder(name)
     parameters = inspect.signature(builder).parameters.values()
-    return sorted(
-        p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY
-    )
+    return sorted(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
-def build_model(
-    name: str, num_classes: int, in_channels: int, image_size: int, **options: object
-) -> nn.Module:
+def build_model(name: str, num_classes: int, in_channels: int, image_size: int, **options: object) -> nn.Module:
     """Build a freshly initialised model from the registry.
 
     Parameters
@@ -160,13 +154,9 @@ def build_model(
             f"model {name!r} does not accept option(s) {', '.join(map(repr, unknown))}; "
             f"accepted options: {', '.join(accepted) if accepted else '(none)'}"
         )
-    for argument, value in zip(
-        _CORE_ARGUMENTS, (num_classes, in_channels, image_size), strict=True
-    ):
+    for argument, value in zip(_CORE_ARGUMENTS, (num_classes, in_channels, image_size), strict=True):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
-                f"{argument} must be a positive int for model {name!r}, got {value!r}"
-            )
+            raise ValueError(f"{argument} must be a positive int for model {name!r}, got {value!r}")
     model = builder(num_classes, in_channels, image_size, **options)
     for attribute in ("probe_layer", "classifier_layer"):
         model.get_submodule(getattr(model, attribute))  # fails loudly on a bad name
@@ -178,6 +168,4 @@ def _builder(name: str) -> Callable[..., nn.Module]:
     try:
         return MODEL_BUILDERS[name]
     except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown model {name!r}; accepted names: {', '.join(model_names())}"
-        ) from None
+        raise ValueError(f"unknown model {name!r}; accepted names: {', '.join(model_names())}") from None

@@ -45,9 +45,7 @@ def _pooled_size(image_size: int, num_halvings: int, model: str) -> int:
     for _ in range(num_halvings):
         side //= 2
     if side < 1:
-        raise ValueError(
-            f"{model} needs image_size >= {2**num_halvings}, got {image_size}"
-        )
+        raise ValueError(f"{model} needs image_size >= {2**num_halvings}, got {image_size}")
     return side
 
 
@@ -88,9 +86,7 @@ class FedOUICNN(nn.Module):
     probe_layer: str = "fc1"
     classifier_layer: str = "fc2"
 
-    def __init__(
-        self, num_classes: int = 10, in_channels: int = 3, image_size: int = 32
-    ) -> None:
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> None:
         super().__init__()
         side = _pooled_size(image_size, 2, "fedoui-cnn")
         self.conv1 = nn.Conv2d(in_channels, 32, kernel_size=3, padding=1)
@@ -150,9 +146,7 @@ class FashionCNN(nn.Module):
     probe_layer: str = "fc1"
     classifier_layer: str = "fc2"
 
-    def __init__(
-        self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28
-    ) -> None:
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28) -> None:
         super().__init__()
         side = _pooled_size(image_size, 3, "fashion-cnn")
         layers: list[nn.Module] = []

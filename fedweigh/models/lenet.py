@@ -49,9 +49,7 @@ class LeNet5BN(nn.Module):
     probe_layer: str = "fc2"
     classifier_layer: str = "fc3"
 
-    def __init__(
-        self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28
-    ) -> None:
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28) -> None:
         super().__init__()
         side = ((image_size - 4) // 2 - 4) // 2
         if image_size < 16 or side < 1:

@@ -57,9 +57,7 @@ class DigitsMLP(nn.Module):
     ) -> None:
         super().__init__()
         if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
-            raise ValueError(
-                f"mlp option 'hidden' must be a positive int, got {hidden!r}"
-            )
+            raise ValueError(f"mlp option 'hidden' must be a positive int, got {hidden!r}")
         self.flatten = nn.Flatten(start_dim=1)
         self.fc1 = nn.Linear(in_channels * image_size * image_size, hidden)
         self.relu = nn.ReLU()

@@ -55,9 +55,7 @@ def _block(inplanes: int, planes: int, stride: int) -> TappedBasicBlock:
     """A basic block with a 1x1-conv+BN shortcut when the shape changes."""
     downsample = None
     if stride != 1 or inplanes != planes:
-        downsample = nn.Sequential(
-            conv1x1(inplanes, planes, stride), nn.BatchNorm2d(planes)
-        )
+        downsample = nn.Sequential(conv1x1(inplanes, planes, stride), nn.BatchNorm2d(planes))
     return TappedBasicBlock(inplanes, planes, stride, downsample)
 
 
@@ -98,14 +96,10 @@ class ResNet8(nn.Module):
     probe_layer: str = "layer3.preact"
     classifier_layer: str = "fc"
 
-    def __init__(
-        self, num_classes: int = 10, in_channels: int = 3, width: int = 128
-    ) -> None:
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, width: int = 128) -> None:
         super().__init__()
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-            raise ValueError(
-                f"resnet8 option 'width' must be a positive int, got {width!r}"
-            )
+            raise ValueError(f"resnet8 option 'width' must be a positive int, got {width!r}")
         self.conv1 = conv3x3(in_channels, width)
         self.bn1 = nn.BatchNorm2d(width)
         self.relu = nn.ReLU()
@@ -188,9 +182,7 @@ def resnet18(num_classes: int = 10, in_channels: int = 3) -> ResNet:
     ((3, 3), (1, 1))
     """
     model = ResNet(TappedBasicBlock, [2, 2, 2, 2], num_classes=num_classes)
-    model.conv1 = nn.Conv2d(
-        in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False
-    )
+    model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
     nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
     model.maxpool = nn.Identity()
     model.probe_layer = "layer4.1.preact"

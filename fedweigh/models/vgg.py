@@ -53,9 +53,7 @@ class VGG9(nn.Module):
     probe_layer: str = "fc2"
     classifier_layer: str = "fc3"
 
-    def __init__(
-        self, num_classes: int = 10, in_channels: int = 3, image_size: int = 32
-    ) -> None:
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         channels = in_channels

@@ -68,6 +68,4 @@ def weighted_average(models: Sequence[NamedArrays], weights: np.ndarray) -> dict
 
 def all_finite(arrays: NamedArrays) -> bool:
     """True when no floating tensor holds NaN or infinity."""
-    return all(
-        bool(np.isfinite(value).all()) for value in arrays.values() if np.issubdtype(value.dtype, np.floating)
-    )
+    return all(bool(np.isfinite(value).all()) for value in arrays.values() if np.issubdtype(value.dtype, np.floating))

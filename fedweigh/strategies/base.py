@@ -154,10 +154,11 @@ class WeightedFedAvg(FedAvg):
         if not accepted:
             logger.warning("round %d: no valid reply; the global model stays as it was", current)
             return None, None
+        # Replies arrive in any order; summing in partition order makes runs bit-reproducible.
+        accepted.sort(key=lambda reply: (reply.partition_id, reply.node_id))
 
         values: dict[str, np.ndarray] = {
-            key: np.array([reply.signals[key] for reply in accepted], dtype=np.float64)
-            for key in self.required_signals
+            key: np.array([reply.signals[key] for reply in accepted], dtype=np.float64) for key in self.required_signals
         }
         values.update(self.server_signals(accepted, self._reference))
         round_signals = RoundSignals(
@@ -185,7 +186,7 @@ class WeightedFedAvg(FedAvg):
             client.update(
                 {key: float(v[index]) for key, v in outcome.diagnostics.items() if _per_client(v, len(accepted))}
             )
-            client.update({key: value for key, value in reply.signals.items() if key not in client})
+            client.update({key: value for key, value in reply.reported.items() if key not in client})
             record.clients.append(client)
 
         sizes = round_signals.num_examples

@@ -36,6 +36,7 @@ class ClientReply:
     train_loss: float
     signals: dict[str, float]
     arrays: dict[str, np.ndarray] = field(repr=False)
+    reported: dict[str, float] = field(default_factory=dict)  # other scalar metrics, kept for the record
 
 
 class InvalidReply(ValueError):
@@ -98,6 +99,14 @@ def check_reply(
         train_loss=train_loss,
         signals=values,
         arrays=arrays,
+        reported={
+            key: float(value)
+            for key, value in metrics.items()
+            if key not in values
+            and key not in (NUM_EXAMPLES, TRAIN_LOSS, PARTITION_ID)
+            and isinstance(value, int | float)
+            and not isinstance(value, bool)
+        },
     )
 
 

@@ -76,6 +76,31 @@ class NodeDirectory:
             self._learn(grid, unknown)
         return node_ids
 
+    def await_federation(self, grid: Grid, min_nodes: int, timeout: float = 300.0) -> list[int]:
+        """Before round 1: wait until every partition the nodes announce is connected.
+
+        Simulated SuperNodes register one by one while the ServerApp starts;
+        sampling before all are in would give round 1 a different client set
+        than an otherwise identical run. Nodes say how many partitions the
+        federation has (``num-partitions``), so the server waits for all of
+        them, up to ``timeout`` seconds, then goes on with those present.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            node_ids = self.refresh(grid, min_nodes)
+            known = {self.partition_of[node] for node in node_ids if self.partition_of.get(node, -1) >= 0}
+            if self.num_partitions is None or len(known) >= self.num_partitions:
+                return node_ids
+            if time.monotonic() > deadline:
+                logger.warning(
+                    "only %d of %d partitions connected after %.0fs; starting without the rest",
+                    len(known),
+                    self.num_partitions,
+                    timeout,
+                )
+                return node_ids
+            time.sleep(0.2)
+
     def _learn(self, grid: Grid, node_ids: list[int]) -> None:
         messages = [
             Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=node) for node in node_ids
@@ -96,9 +121,7 @@ class NodeDirectory:
         return (0, partition) if partition >= 0 else (1, node_id)
 
 
-def sample_nodes(
-    directory: NodeDirectory, node_ids: list[int], seed: int, server_round: int, size: int
-) -> list[int]:
+def sample_nodes(directory: NodeDirectory, node_ids: list[int], seed: int, server_round: int, size: int) -> list[int]:
     """Seeded sample of ``size`` connected nodes, by their rank in partition order."""
     ranked = sorted(node_ids, key=directory.sort_key)
     chosen = sample_partitions(seed, server_round, range(len(ranked)), size)
