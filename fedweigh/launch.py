@@ -1011,6 +1011,7 @@ class LocalSimulation:
         echo: bool = True,
         log_path: str | os.PathLike[str] | None = None,
         wait_timeout: float | None = STATUS_WAIT_AFTER_STREAM,
+        on_line: Callable[[str], None] | None = None,
     ) -> RunOutcome:
         """Submit one run and block until it has finished.
 
@@ -1018,7 +1019,8 @@ class LocalSimulation:
         values as Python objects).  If the app defines a ``num-supernodes`` key it is
         set to ``num_supernodes`` unless given.  Relative ``output-dir``/``dataset`` paths are
         resolved against ``cwd`` (default: the current directory).  The streamed run
-        log is echoed to stdout (``echo``) and/or appended to ``log_path``.
+        log is echoed to stdout (``echo``) and/or appended to ``log_path``, and
+        each line (ANSI colours removed) is passed to ``on_line`` (e.g. to show progress).
         On ``KeyboardInterrupt`` the run is stopped with ``flwr stop`` and the
         interrupt is re-raised.
         """
@@ -1059,6 +1061,8 @@ class LocalSimulation:
                 sys.stdout.flush()
             if log_fh:
                 log_fh.write(_ANSI.sub("", line))
+            if on_line is not None:
+                on_line(_ANSI.sub("", line))
             if self.tree is not None:
                 self.tree.maybe_refresh()
             if run_id is None and (rid := parse_run_id(line)) is not None:
@@ -1245,6 +1249,8 @@ def _cmd_stop_superlink(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fedweigh`` console script."""
     args = _build_parser().parse_args(argv)
+    # `kill <pid>` stops a run the way Ctrl-C does: the run, the SuperLink and Ray go too.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
         "simulate": _cmd_simulate,
         "stop-superlink": _cmd_stop_superlink,

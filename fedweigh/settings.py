@@ -130,6 +130,8 @@ class Settings(_Section):
     momentum: float = Field(0.9, ge=0.0, lt=1.0)
     weight_decay: float = Field(0.0, ge=0.0)
     eval_batch_size: int = Field(512, ge=1)
+    # extra client steps on top of the strategy's own, comma-separated (e.g. "ufl-dropout", "ufl")
+    client_steps: str = ""
     # per-method tables
     fedprox: FedProxSettings = FedProxSettings()
     ufl: UFLSettings = UFLSettings()
@@ -146,6 +148,17 @@ class Settings(_Section):
             raise ValueError(f"unknown strategy; accepted: {', '.join(strategy_names())}")
         return value
 
+    @field_validator("client_steps")
+    @classmethod
+    def _known_steps(cls, value: str) -> str:
+        from fedweigh.client.steps import CLIENT_STEPS  # filled when fedweigh.strategies is imported
+        from fedweigh.strategies import strategy_names  # noqa: F401  (imports every paper module)
+
+        unknown = [name for name in step_names(value) if name not in CLIENT_STEPS]
+        if unknown:
+            raise ValueError(f"unknown client step(s) {unknown}; accepted: {', '.join(sorted(CLIENT_STEPS))}")
+        return value
+
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:
@@ -160,6 +173,11 @@ class Settings(_Section):
             return validate_dataset_setting(value)
         except ValueError as err:
             raise ValueError(str(err)) from None
+
+
+def step_names(value: str) -> list[str]:
+    """``"ufl, oui"`` to ``["ufl", "oui"]``."""
+    return [name.strip() for name in value.split(",") if name.strip()]
 
 
 class SettingsError(ValueError):

@@ -52,3 +52,19 @@ def test_every_problem_is_listed_at_once():
     with pytest.raises(SettingsError) as caught:
         parse_settings({"dirichlet-alpha": 0.0, "model": "nope"})
     assert "dirichlet-alpha" in str(caught.value) and "model" in str(caught.value)
+
+
+def test_client_steps_compose_methods_with_one_setting():
+    from fedweigh.strategies import build_strategy
+
+    strategy = build_strategy(parse_settings({"strategy": "fedoui", "client-steps": "ufl"}))
+    assert strategy.rule.name == "oui-beta"
+    assert strategy.recipe["client-steps"] == ["oui", "ufl"]
+    assert strategy.recipe["ufl.alpha"] == 0.2 and strategy.recipe["oui.probe-size"] == 32
+    # a step the strategy already has is not added twice
+    assert build_strategy(parse_settings({"strategy": "ufl", "client-steps": "ufl"})).recipe["client-steps"] == ["ufl"]
+
+
+def test_unknown_client_step_is_rejected():
+    with pytest.raises(SettingsError, match="client-steps = 'bogus'.*accepted: .*ufl"):
+        parse_settings({"client-steps": "bogus"})

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -25,6 +25,9 @@ from torch import nn
 from fedweigh.client.training import SampleWeighting
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
+
+if TYPE_CHECKING:
+    from fedweigh.settings import Settings
 
 Metrics = dict[str, float]
 
@@ -44,9 +47,19 @@ class StepContext:
 
 
 class ClientStep:
-    """Base step: does nothing. Subclasses override one or both hooks."""
+    """Base step: does nothing. Subclasses override one or both hooks.
+
+    :meth:`recipe` says which options the step needs from the run settings;
+    the server puts them into the train ConfigRecord, and the step finds them
+    in ``StepContext.options``.
+    """
 
     name = "step"
+
+    @classmethod
+    def recipe(cls, settings: Settings) -> dict[str, Any]:
+        """Recipe entries this step reads (none by default)."""
+        return {}
 
     def before_training(self, context: StepContext) -> tuple[SampleWeighting | None, Metrics]:
         return None, {}
@@ -67,6 +80,24 @@ def register_step(name: str) -> Callable[[type[ClientStep]], type[ClientStep]]:
         return step
 
     return add
+
+
+def with_steps(recipe: dict[str, Any], settings: Settings, names: list[str]) -> dict[str, Any]:
+    """Add client steps (and the options they read) to a strategy's recipe.
+
+    Steps already in the recipe are kept and not repeated, so a strategy's own
+    step and the same step named in the ``client-steps`` setting run once.
+    """
+    unknown = [name for name in names if name not in CLIENT_STEPS]
+    if unknown:
+        raise ValueError(f"unknown client step(s) {unknown}; known: {sorted(CLIENT_STEPS)}")
+    steps = list(recipe.get("client-steps", []))
+    for name in names:
+        if name not in steps:
+            steps.append(name)
+            recipe.update(CLIENT_STEPS[name].recipe(settings))
+    recipe["client-steps"] = steps
+    return recipe
 
 
 def build_steps(names: list[str]) -> list[ClientStep]:

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from fedweigh.client.steps import with_steps
+from fedweigh.settings import step_names
 from fedweigh.strategies.base import RecipeValue, WeightedFedAvg
 from fedweigh.strategies.fednolowe import build_fedasl, build_fednolowe
 from fedweigh.strategies.fedoui import build_fedalign, build_fedoui
@@ -83,4 +85,6 @@ def build_strategy(settings: Settings, round_offset: int = 0) -> WeightedFedAvg:
         "fraction_evaluate": settings.fraction_evaluate,
         "min_evaluate_nodes": 1 if settings.fraction_evaluate > 0 else 0,
     }
-    return STRATEGIES[settings.strategy](settings, training_recipe(settings), common)
+    strategy = STRATEGIES[settings.strategy](settings, training_recipe(settings), common)
+    with_steps(strategy.recipe, settings, step_names(settings.client_steps))
+    return strategy

@@ -52,7 +52,7 @@ import torch
 from scipy import stats
 from torch import nn
 
-from fedweigh.client.steps import ClientStep, Metrics, StepContext, register_step
+from fedweigh.client.steps import ClientStep, Metrics, StepContext, register_step, with_steps
 from fedweigh.strategies.base import RecipeValue, WeightedFedAvg
 from fedweigh.strategies.replies import ClientReply
 from fedweigh.strategies.weighting import RoundSignals, RuleOutcome, SignalCheck, WeightingRule, in_unit_interval
@@ -555,6 +555,14 @@ class OUIProbe(ClientStep):
     Replies ``{"oui": value, "oui-probe-size": B}``.
     """
 
+    @classmethod
+    def recipe(cls, settings: Settings) -> dict[str, RecipeValue]:
+        return {
+            "oui.seed": settings.seed,
+            "oui.probe-size": settings.fedoui.probe_size,
+            "oui.probe-layer": settings.fedoui.probe_layer,
+        }
+
     def after_training(self, context: StepContext) -> Metrics:
         options = context.options
         seed = int(_option(options, "oui.seed"))
@@ -703,12 +711,8 @@ def build_fedoui(settings: Settings, recipe: dict[str, RecipeValue], common: dic
         size_exponent=options.size_exponent,
         window=options.window,
     )
-    steps = recipe.get("client-steps", [])
-    recipe["client-steps"] = [*(steps if isinstance(steps, list) else [steps]), "oui"]
-    recipe["oui.seed"] = settings.seed
-    recipe["oui.probe-size"] = options.probe_size
-    recipe["oui.probe-layer"] = options.probe_layer
-    return WeightedFedAvg(rule, recipe, **common)
+    return WeightedFedAvg(rule, with_steps(recipe, settings, ["oui"]), **common)
+
 
 
 def build_fedalign(settings: Settings, recipe: dict[str, RecipeValue], common: dict) -> WeightedFedAvg:

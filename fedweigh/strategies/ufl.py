@@ -70,7 +70,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedweigh.client.steps import ClientStep, Metrics, StepContext, register_step
+from fedweigh.client.steps import ClientStep, Metrics, StepContext, register_step, with_steps
 from fedweigh.data.loader import batches
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
@@ -624,6 +624,10 @@ class UFLStep(ClientStep):
     ``ufl.normalize``, ``ufl.cheap-path`` (see :class:`fedweigh.settings.UFLSettings`).
     """
 
+    @classmethod
+    def recipe(cls, settings: Settings) -> dict[str, RecipeValue]:
+        return ufl_recipe(settings.ufl)
+
     def before_training(self, context: StepContext) -> tuple[UncertaintyWeighting | None, Metrics]:
         options = ufl_options(context.options)
         if len(context.data) == 0:
@@ -655,6 +659,10 @@ class UFLDropoutStep(ClientStep):
     item 7): list ``"ufl-dropout"`` in their ``client-steps``.
     """
 
+    @classmethod
+    def recipe(cls, settings: Settings) -> dict[str, RecipeValue]:
+        return ufl_recipe(settings.ufl)
+
     def before_training(self, context: StepContext) -> tuple[None, Metrics]:
         ensure_mc_dropout(context.model, ufl_options(context.options).dropout)
         return None, {}
@@ -670,18 +678,11 @@ def ufl_recipe(options: UFLSettings) -> dict[str, RecipeValue]:
     return {f"{OPTION_PREFIX}{key}": value for key, value in options.model_dump(by_alias=True).items()}
 
 
-def _with_ufl_step(settings: Settings, recipe: dict[str, RecipeValue]) -> dict[str, RecipeValue]:
-    steps = recipe.get("client-steps", [])
-    recipe["client-steps"] = [*(steps if isinstance(steps, list) else [steps]), "ufl"]
-    recipe.update(ufl_recipe(settings.ufl))
-    return recipe
-
-
 def build_ufl(settings: Settings, recipe: dict[str, RecipeValue], common: dict) -> WeightedFedAvg:
     """``strategy = "ufl"``: UFL clients and U-Agg (the paper's "UFL (+U-Agg)")."""
-    return WeightedFedAvg(u_agg_rule(settings.ufl), _with_ufl_step(settings, recipe), **common)
+    return WeightedFedAvg(u_agg_rule(settings.ufl), with_steps(recipe, settings, ["ufl"]), **common)
 
 
 def build_ufl_fedavg(settings: Settings, recipe: dict[str, RecipeValue], common: dict) -> WeightedFedAvg:
     """``strategy = "ufl-fedavg"``: UFL clients and size-weighted FedAvg (the paper's "UFL (+Average)")."""
-    return WeightedFedAvg(SampleCountRule(), _with_ufl_step(settings, recipe), **common)
+    return WeightedFedAvg(SampleCountRule(), with_steps(recipe, settings, ["ufl"]), **common)
