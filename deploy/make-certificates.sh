@@ -22,7 +22,10 @@
 #   ca.key       the CA private key: keep it offline, never ship it
 #   server.crt   the SuperLink certificate (--ssl-certfile)
 #   server.key   the SuperLink private key (--ssl-keyfile)
-#   server.pem   alias of server.crt (kept for Flower's older docs)
+#
+# Keys are ECDSA P-384. The private keys are readable by their owner only; a
+# container that runs as another user (Flower's images run as uid 49999) needs
+# `chown 49999:49999 server.key` on the host (see docs/deployment.md).
 set -euo pipefail
 
 out="$(cd "$(dirname "$0")" && pwd)/certificates"
@@ -38,8 +41,8 @@ while getopts "o:n:i:d:fh" opt; do
     i) ips+=("$OPTARG") ;;
     d) days="$OPTARG" ;;
     f) force=1 ;;
-    h) sed -n '2,28p' "$0"; exit 0 ;;
-    *) sed -n '2,28p' "$0" >&2; exit 2 ;;
+    h) sed -n '2,31p' "$0"; exit 0 ;;
+    *) sed -n '2,31p' "$0" >&2; exit 2 ;;
   esac
 done
 
@@ -66,7 +69,7 @@ for name in "${names[@]}"; do san+=",DNS:$name"; done
 for ip in ${ips[@]+"${ips[@]}"}; do san+=",IP:$ip"; done
 
 if [[ $force -eq 1 || ! -s "$out/ca.key" || ! -s "$out/ca.crt" ]]; then
-  openssl req -x509 -newkey rsa:4096 -sha256 -nodes -days "$days" \
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:secp384r1 -sha384 -nodes -days "$days" \
     -keyout "$out/ca.key" -out "$out/ca.crt" \
     -subj "/CN=fedweigh federation CA" \
     -addext "basicConstraints=critical,CA:TRUE" \
@@ -76,7 +79,7 @@ else
   echo "CA:          $out/ca.crt (kept; -f makes a new one)"
 fi
 
-openssl req -new -newkey rsa:4096 -sha256 -nodes \
+openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:secp384r1 -sha384 -nodes \
   -keyout "$out/server.key" -out "$out/server.csr" \
   -subj "/CN=${names[0]}" 2>/dev/null
 ext="$(mktemp)"
@@ -87,15 +90,12 @@ keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
 subjectAltName=$san
 EXT
-openssl x509 -req -sha256 -days "$days" -in "$out/server.csr" \
+openssl x509 -req -sha384 -days "$days" -in "$out/server.csr" \
   -CA "$out/ca.crt" -CAkey "$out/ca.key" -CAcreateserial \
   -out "$out/server.crt" -extfile "$ext" 2>/dev/null
-cp "$out/server.crt" "$out/server.pem"
 rm -f "$out/server.csr" "$out/ca.srl"
-# Certificates are public; containers running as another user must read them.
-chmod 644 "$out/ca.crt" "$out/server.crt" "$out/server.pem"
-chmod 600 "$out/ca.key"
-chmod 644 "$out/server.key"  # read by the SuperLink container's non-root user; keep the folder private
+chmod 644 "$out/ca.crt" "$out/server.crt"  # certificates are public
+chmod 600 "$out/ca.key" "$out/server.key"
 
 openssl verify -CAfile "$out/ca.crt" "$out/server.crt" >/dev/null
 echo "server cert: $out/server.crt (key $out/server.key)"

@@ -386,11 +386,18 @@ def prepare_run_config(
     return cfg
 
 
-def check_settings(run_config: Mapping[str, Any]) -> None:
-    """Validate the full run config as the apps will (``ValueError`` naming each bad setting)."""
-    from fedweigh.settings import parse_settings  # the launcher itself needs no torch
+def check_settings(run_config: Mapping[str, Any], num_partitions: int | None = None) -> None:
+    """Validate the full run config as the apps will (``ValueError`` naming each bad setting).
 
-    parse_settings(run_config)
+    With ``num_partitions``, also check that the data splits that many ways,
+    so a simulation with more SuperNodes than samples fails before it starts.
+    """
+    from fedweigh.server_app import check_partitions  # imports torch; only needed here
+    from fedweigh.settings import parse_settings
+
+    settings = parse_settings(run_config)
+    if num_partitions is not None:
+        check_partitions(settings, num_partitions)
 
 
 def results_dir_for(run_config: Mapping[str, Any]) -> Path | None:
@@ -1177,7 +1184,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         overrides = parse_run_config(args.run_config)
         # Validate before starting anything.
         defaults = load_app_config(app)
-        check_settings({**defaults, **prepare_run_config(overrides, defaults, Path.cwd())})
+        check_settings({**defaults, **prepare_run_config(overrides, defaults, Path.cwd())}, args.num_supernodes)
     except (ValueError, SimulationError) as err:
         print(f"fedweigh: {err}", file=sys.stderr)
         return 2

@@ -34,15 +34,18 @@ app = ServerApp()
 
 def check_partitions(settings: Settings, num_partitions: int) -> None:
     """Fail before training when the data cannot be split ``num_partitions`` ways."""
-    sizes = partition_sizes(data_spec(settings, num_partitions))
+    accepted = (
+        "accepted: at most as many partitions as the training samples allow "
+        "(fewer SuperNodes, a larger train-subset, or a different partitioner)"
+    )
+    prefix = f"setting dataset = {settings.dataset!r} with {num_partitions} partitions ({settings.partitioner})"
+    try:
+        sizes = partition_sizes(data_spec(settings, num_partitions))
+    except (IndexError, ValueError) as err:  # Flower Datasets' partitioners fail this way
+        raise ValueError(f"{prefix} cannot be split: {err}; {accepted}") from err
     empty = [index for index, size in enumerate(sizes) if size == 0]
-    if sum(sizes) < num_partitions or empty:
-        raise ValueError(
-            f"setting dataset = {settings.dataset!r} with {num_partitions} partitions "
-            f"({settings.partitioner}) leaves partitions {empty[:10]} empty; accepted: at most as many "
-            f"partitions as the {sum(sizes)} training samples allow (fewer SuperNodes, a larger "
-            "train-subset, or a different partitioner)"
-        )
+    if empty:
+        raise ValueError(f"{prefix} leaves partitions {empty[:10]} empty; {accepted}")
 
 
 def central_evaluation(

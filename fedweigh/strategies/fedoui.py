@@ -714,7 +714,6 @@ def build_fedoui(settings: Settings, recipe: dict[str, RecipeValue], common: dic
     return WeightedFedAvg(rule, with_steps(recipe, settings, ["oui"]), **common)
 
 
-
 def build_fedalign(settings: Settings, recipe: dict[str, RecipeValue], common: dict) -> WeightedFedAvg:
     """``strategy = "fedalign"``: :class:`FedAlign` with :class:`AlignmentRule`."""
     options = settings.fedalign

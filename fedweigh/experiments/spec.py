@@ -1,0 +1,378 @@
+"""The experiment file: a base run config, arms, seeds, and the paper's numbers.
+
+An experiment file is TOML::
+
+    [experiment]
+    name = "fedoui-cifar10-pilot"        # folder name of the results
+    description = "FedOUI vs FedAvg ..."
+    seeds = [1, 2, 3]
+    num-supernodes = 20                  # simulated clients (partitions)
+    cpus-per-client = 1                  # Ray resources per client
+    paper-source = "FedOUI, 20-round pilot"
+
+    [base]                               # run-config overrides shared by every arm
+    dataset = "../shared/datasets/cifar10"
+    num-server-rounds = 20
+
+    [[arms]]
+    name = "fedavg"                      # run folders are <arm>-seed<k>
+    strategy = "fedavg"
+    paper = { final = "0.164 ± 0.002", auc = "0.132 ± 0.013" }
+
+    [[arms]]
+    name = "fedoui-window5"
+    strategy = "fedoui"
+    [arms.overrides]                     # run-config overrides of this arm only
+    fedoui.window = 5
+
+:func:`load_experiment` checks all of it before anything runs: unknown keys
+at any level, unknown strategies, run-config keys the app does not define,
+keys the runner sets itself, and every arm's merged run config through
+:func:`fedweigh.settings.parse_settings`. One :class:`ExperimentError` lists
+every problem, each naming the arm and the setting.
+
+Example
+-------
+>>> spec = ExperimentSpec.model_validate({
+...     "experiment": {"name": "demo", "seeds": [1, 2]},
+...     "arms": [{"name": "fedavg", "strategy": "fedavg", "paper": {"final": "0.21 ± 0.02"}}],
+... })
+>>> spec.experiment.seeds, spec.arms[0].paper["final"]
+([1, 2], Reported(mean=0.21, std=0.02))
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, NamedTuple
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+__all__ = [
+    "RESERVED_KEYS",
+    "SCORE_NAMES",
+    "ArmSpec",
+    "Experiment",
+    "ExperimentError",
+    "ExperimentSection",
+    "ExperimentSpec",
+    "Reported",
+    "flatten_tables",
+    "load_experiment",
+    "parse_reported",
+]
+
+SCORE_NAMES = ("final", "best", "mean", "auc")
+"""The per-run accuracy scores a paper's numbers can be given for (see :mod:`.report`)."""
+
+RESERVED_KEYS = ("strategy", "seed", "output-dir", "run-name", "resume-from", "num-supernodes")
+"""Run-config keys the runner sets itself; an experiment file may not set them in ``[base]`` or ``overrides``."""
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_PLUS_MINUS = re.compile(r"^\s*([-+0-9.eE]+)\s*(?:±|\+-|\+/-)\s*([-+0-9.eE]+)\s*$")
+
+
+class ExperimentError(ValueError):
+    """An experiment file that cannot be run; the message lists every problem."""
+
+
+class Reported(NamedTuple):
+    """A number a paper reports: mean and, when given, standard deviation."""
+
+    mean: float
+    std: float | None = None
+
+    def __str__(self) -> str:
+        return f"{self.mean:.4f}" if self.std is None else f"{self.mean:.4f} ± {self.std:.4f}"
+
+
+def parse_reported(value: Any) -> Reported:
+    """Read a reported number: ``0.234``, ``"0.234 ± 0.063"`` (or ``+-``, ``+/-``), ``{mean, std}``.
+
+    Examples
+    --------
+    >>> parse_reported("0.2343 ± 0.0631")
+    Reported(mean=0.2343, std=0.0631)
+    >>> parse_reported({"mean": 0.9, "std": 0.01}), parse_reported(0.5)
+    (Reported(mean=0.9, std=0.01), Reported(mean=0.5, std=None))
+    """
+    accepted = "accepted: a number, 'mean ± std' (or 'mean +- std'), or a table {mean = .., std = ..}"
+    if isinstance(value, Reported):
+        return value
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a number; {accepted}")
+    if isinstance(value, int | float):
+        return Reported(float(value))
+    if isinstance(value, str):
+        match = _PLUS_MINUS.match(value)
+        try:
+            if match:
+                return Reported(float(match.group(1)), float(match.group(2)))
+            return Reported(float(value))
+        except ValueError:
+            pass
+        raise ValueError(f"cannot read {value!r}; {accepted}")
+    if isinstance(value, Mapping) and set(value) <= {"mean", "std"} and "mean" in value:
+        std = value.get("std")
+        return Reported(float(value["mean"]), None if std is None else float(std))
+    raise ValueError(f"cannot read {value!r}; {accepted}")
+
+
+def flatten_tables(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested TOML tables to Flower's flat run-config keys (``fedoui.window``).
+
+    >>> flatten_tables({"seed": 1, "fedoui": {"window": 5}})
+    {'seed': 1, 'fedoui.window': 5}
+    """
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        full = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            flat.update(flatten_tables(value, full))
+        else:
+            flat[full] = value
+    return flat
+
+
+def _dashed(name: str) -> str:
+    return name.replace("_", "-")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", alias_generator=_dashed, populate_by_name=True, frozen=True)
+
+
+def _check_name(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError("must start with a letter or digit and hold only letters, digits, '_', '.' and '-'")
+    return value
+
+
+RunName = Annotated[str, AfterValidator(_check_name)]
+ReportedNumber = Annotated[Reported, BeforeValidator(parse_reported)]
+
+
+class ExperimentSection(_Strict):
+    """``[experiment]``: what the comparison is called, its seeds and federation."""
+
+    name: RunName
+    description: str = ""
+    seeds: list[int] = Field(min_length=1)
+    num_supernodes: int = Field(10, ge=1)
+    cpus_per_client: int = Field(1, ge=1)
+    gpus_per_client: float = Field(0.0, ge=0.0)
+    paper_source: str = ""
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, seeds: list[int]) -> list[int]:
+        if any(seed < 0 for seed in seeds) or len(set(seeds)) != len(seeds):
+            raise ValueError("seeds must be distinct integers >= 0")
+        return seeds
+
+
+class ArmSpec(_Strict):
+    """One ``[[arms]]`` entry: a strategy, its overrides and the paper's numbers for it."""
+
+    name: RunName
+    strategy: str
+    description: str = ""
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    paper: dict[Literal["final", "best", "mean", "auc"], ReportedNumber] = Field(default_factory=dict)
+
+
+class ExperimentSpec(_Strict):
+    """The whole experiment file."""
+
+    experiment: ExperimentSection
+    base: dict[str, Any] = Field(default_factory=dict)
+    arms: list[ArmSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _distinct_arms(self) -> ExperimentSpec:
+        names = [arm.name for arm in self.arms]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"arm names must be distinct; repeated: {', '.join(repeated)}")
+        return self
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A validated experiment: the file's content plus each arm's merged run config.
+
+    Attributes
+    ----------
+    spec : ExperimentSpec
+        The file, with command-line overrides (seeds, rounds) applied.
+    path : Path | None
+        Where it was read from.
+    arm_configs : dict[str, dict[str, Any]]
+        Arm name to its flat run-config overrides: ``[base]``, then the
+        arm's ``overrides``, then ``strategy`` (seed, output dir and run name
+        are added per run by :mod:`fedweigh.experiments.grid`).
+    """
+
+    spec: ExperimentSpec
+    path: Path | None
+    arm_configs: dict[str, dict[str, Any]]
+
+    @property
+    def name(self) -> str:
+        return self.spec.experiment.name
+
+    @property
+    def seeds(self) -> list[int]:
+        return list(self.spec.experiment.seeds)
+
+    @property
+    def arms(self) -> list[ArmSpec]:
+        return list(self.spec.arms)
+
+    def rounds(self, arm: str, app_defaults: Mapping[str, Any]) -> int:
+        """Number of rounds an arm's runs are asked for."""
+        return int(self.arm_configs[arm].get("num-server-rounds", app_defaults["num-server-rounds"]))
+
+
+def _describe_location(location: tuple[Any, ...], raw: Mapping[str, Any]) -> str:
+    """``arms.1.strategy`` -> ``arm 'fedoui': strategy`` where the arm has a name."""
+    parts = [str(part) for part in location if part != "[key]"]
+    if len(parts) >= 2 and parts[0] == "arms" and parts[1].isdigit():
+        arms = raw.get("arms")
+        index = int(parts[1])
+        name = arms[index].get("name") if isinstance(arms, list) and index < len(arms) else None
+        label = f"arm {name!r}" if isinstance(name, str) else f"arm #{index + 1}"
+        rest = ".".join(parts[2:])
+        return f"{label}: {rest}" if rest else label
+    return ".".join(parts)
+
+
+def _schema_problems(err: ValidationError, raw: Mapping[str, Any]) -> list[str]:
+    problems = []
+    for problem in err.errors():
+        where = _describe_location(tuple(problem["loc"]), raw)
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "extra_forbidden":
+            message = "unknown key"
+        if problem["type"] == "missing":
+            message = "required key missing"
+        given = problem.get("input")
+        shown = "" if problem["type"] in ("missing",) or isinstance(given, dict) else f" = {given!r}"
+        problems.append(f"{where}{shown}: {message}")
+    return problems
+
+
+def _config_problems(
+    spec: ExperimentSpec, app_defaults: Mapping[str, Any], rounds: int | None
+) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Check the run-config part of every arm; return the problems and the merged configs."""
+    from fedweigh.settings import SettingsError, parse_settings
+    from fedweigh.strategies import strategy_names
+
+    problems: list[str] = []
+    base = flatten_tables(spec.base)
+    for key in sorted(base):
+        if key in RESERVED_KEYS:
+            problems.append(f"base: {key} is set by the experiment runner (use [[arms]] strategy / [experiment] seeds)")
+        elif key not in app_defaults:
+            problems.append(f"base: unknown run-config key {key!r}")
+    configs: dict[str, dict[str, Any]] = {}
+    known_strategies = strategy_names()
+    for arm in spec.arms:
+        label = f"arm {arm.name!r}"
+        if arm.strategy not in known_strategies:
+            problems.append(f"{label}: strategy = {arm.strategy!r}: unknown; accepted: {', '.join(known_strategies)}")
+            continue
+        overrides = flatten_tables(arm.overrides)
+        bad = False
+        for key in sorted(overrides):
+            if key in RESERVED_KEYS:
+                problems.append(f"{label}: overrides.{key} is set by the experiment runner")
+                bad = True
+            elif key not in app_defaults:
+                problems.append(f"{label}: overrides: unknown run-config key {key!r}")
+                bad = True
+        merged = {k: v for k, v in {**base, **overrides}.items() if k in app_defaults and k not in RESERVED_KEYS}
+        merged["strategy"] = arm.strategy
+        if rounds is not None:
+            merged["num-server-rounds"] = rounds
+        configs[arm.name] = merged
+        if bad:
+            continue
+        try:
+            parse_settings({**app_defaults, **merged, "seed": spec.experiment.seeds[0]})
+        except SettingsError as err:
+            for line in str(err).splitlines()[1:]:
+                problems.append(f"{label}: {line.strip().removeprefix('- ')}")
+        except ValueError as err:
+            problems.append(f"{label}: {err}")
+    return problems, configs
+
+
+def load_experiment(
+    source: str | Path | Mapping[str, Any],
+    app_defaults: Mapping[str, Any],
+    *,
+    seeds: list[int] | None = None,
+    rounds: int | None = None,
+) -> Experiment:
+    """Read and check an experiment file (or its parsed content).
+
+    Parameters
+    ----------
+    source : str | Path | Mapping
+        Path of a TOML file, or the already parsed table.
+    app_defaults : Mapping[str, Any]
+        The app's flat ``[tool.flwr.app.config]`` (:func:`fedweigh.launch.load_app_config`):
+        the run-config keys that exist and their defaults.
+    seeds : list[int], optional
+        Replace the file's seeds (``--seeds``).
+    rounds : int, optional
+        Replace every arm's ``num-server-rounds`` (``--rounds``, for a quick look).
+
+    Raises
+    ------
+    ExperimentError
+        Listing every problem of the file, each naming the arm and the setting.
+    """
+    path: Path | None = None
+    if isinstance(source, Mapping):
+        raw = dict(source)
+    else:
+        path = Path(source)
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ExperimentError(f"experiment file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ExperimentError(f"experiment file {path} is not valid TOML: {err}") from None
+    label = str(path) if path else "experiment"
+    if seeds is not None:
+        raw.setdefault("experiment", {})
+        if isinstance(raw["experiment"], Mapping):
+            raw["experiment"] = {**raw["experiment"], "seeds": list(seeds)}
+    if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1):
+        raise ExperimentError(f"{label}: --rounds = {rounds!r}: accepted: an integer >= 1")
+    try:
+        spec = ExperimentSpec.model_validate(raw)
+    except ValidationError as err:
+        lines = "\n".join(f"  - {problem}" for problem in _schema_problems(err, raw))
+        raise ExperimentError(f"invalid experiment file {label}:\n{lines}") from None
+    problems, configs = _config_problems(spec, app_defaults, rounds)
+    if problems:
+        lines = "\n".join(f"  - {problem}" for problem in problems)
+        raise ExperimentError(f"invalid experiment file {label}:\n{lines}")
+    return Experiment(spec=spec, path=path, arm_configs=configs)
