@@ -10,9 +10,15 @@
   ``partition-id`` and each step's signals.
 * ``evaluate``: loss and accuracy of the global model on the local partition.
 
-The node's partition comes from its node config (``partition-id`` and
-``num-partitions``), as in every Flower simulation and as set with
-``flower-supernode --node-config`` in a deployment.
+The node's data comes from its node config, as set with
+``flower-supernode --node-config`` in a deployment:
+
+* ``partition-id=<i> num-partitions=<n>``: partition ``i`` of the run's
+  ``dataset``, as in every Flower simulation;
+* ``data-dir=<folder>``: a site that holds its own data, a folder with
+  ``train.parquet`` and ``test.parquet`` of the same kind of images as the
+  run's ``dataset`` (classes, channels, size); all of its train split is this
+  node's. An optional ``partition-id`` names the site in the results.
 """
 
 from __future__ import annotations
@@ -36,10 +42,13 @@ from fedweigh.components import (
     resolve_device,
     settings_from,
 )
-from fedweigh.data.federated import load_partition
+from fedweigh.data.federated import DataSpec, dataset_info, load_partition
+from fedweigh.data.tensors import ImageTensors
 from fedweigh.settings import Settings
 
 app = ClientApp()
+
+DATA_DIR = "data-dir"
 
 
 def partition_of(context: Context) -> tuple[int, int]:
@@ -50,6 +59,33 @@ def partition_of(context: Context) -> tuple[int, int]:
             'this SuperNode has no data partition: start it with --node-config "partition-id=<i> num-partitions=<n>"'
         )
     return int(config["partition-id"]), int(config["num-partitions"])
+
+
+def site_data(settings: Settings, folder: str) -> ImageTensors:
+    """All of the train split of a site's own data folder, checked against the run's dataset."""
+    expected, found = dataset_info(settings.dataset), dataset_info(folder)
+    mismatch = [
+        f"{name} {getattr(found, name)} (the run's dataset has {getattr(expected, name)})"
+        for name in ("num_classes", "in_channels", "image_size")
+        if getattr(found, name) != getattr(expected, name)
+    ]
+    if mismatch:
+        raise ValueError(
+            f"node config {DATA_DIR} = {folder!r} does not fit setting dataset = {settings.dataset!r}: "
+            f"{'; '.join(mismatch)}; accepted: a folder of the same kind of images"
+        )
+    return load_partition(DataSpec(dataset=folder, partitioner="iid", num_partitions=1, seed=settings.seed), 0)
+
+
+def local_data(settings: Settings, context: Context) -> tuple[ImageTensors, int, int]:
+    """This node's training data, its partition id (-1: none) and the key that seeds it."""
+    config = context.node_config
+    if DATA_DIR in config:
+        partition_id = int(config.get("partition-id", -1))
+        key = partition_id if partition_id >= 0 else int(context.node_id) % 2**31
+        return site_data(settings, str(config[DATA_DIR])), partition_id, key
+    partition_id, num_partitions = partition_of(context)
+    return load_partition(data_spec(settings, num_partitions), partition_id), partition_id, partition_id
 
 
 def client_seed(seed: int, server_round: int, partition_id: int) -> int:
@@ -73,14 +109,13 @@ def _recipe(config: ConfigRecord) -> OptimizerRecipe:
     )
 
 
-def _setup(message: Message, context: Context) -> tuple[Settings, nn.Module, torch.device, int, int]:
+def _setup(message: Message, context: Context) -> tuple[Settings, nn.Module, torch.device]:
     configure_torch()
     settings = settings_from(context.run_config)
-    partition_id, num_partitions = partition_of(context)
     device = resolve_device(settings.device)
     model = _cached_model(settings)
     model.load_state_dict(message.content["arrays"].to_torch_state_dict())
-    return settings, model.to(device), device, partition_id, num_partitions
+    return settings, model.to(device), device
 
 
 @app.query()
@@ -99,11 +134,11 @@ def describe(message: Message, context: Context) -> Message:
 @app.train()
 def train(message: Message, context: Context) -> Message:
     """Run the recipe in the train ConfigRecord and reply with model and signals."""
-    settings, model, device, partition_id, num_partitions = _setup(message, context)
+    settings, model, device = _setup(message, context)
     config = message.content["config"]
     server_round = int(config["server-round"])
-    data = load_partition(data_spec(settings, num_partitions), partition_id)
-    seed = client_seed(settings.seed, server_round, partition_id)
+    data, partition_id, seed_key = local_data(settings, context)
+    seed = client_seed(settings.seed, server_round, seed_key)
     torch.manual_seed(seed)  # dropout draws from the global generator
     generator = torch.Generator().manual_seed(seed)
     step_context = StepContext(
@@ -112,7 +147,7 @@ def train(message: Message, context: Context) -> Message:
         transform=batch_transform(settings),
         device=device,
         seed=seed,
-        partition_id=partition_id,
+        partition_id=seed_key,  # the partition id; for a site without one, the key its seeds derive from
         server_round=server_round,
         options=dict(config),
     )
@@ -144,8 +179,8 @@ def train(message: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate_locally(message: Message, context: Context) -> Message:
     """Loss and accuracy of the received model on this node's partition."""
-    settings, model, device, partition_id, num_partitions = _setup(message, context)
-    data = load_partition(data_spec(settings, num_partitions), partition_id)
+    settings, model, device = _setup(message, context)
+    data, _, _ = local_data(settings, context)
     result = evaluate(model, data, batch_transform(settings), device, settings.eval_batch_size)
     metrics = MetricRecord({"num-examples": result.num_examples, "eval_loss": result.loss, "eval_acc": result.accuracy})
     return Message(RecordDict({"metrics": metrics}), reply_to=message)

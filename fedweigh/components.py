@@ -45,7 +45,10 @@ def configure_torch() -> None:
 def resolve_device(setting: str) -> torch.device:
     """``auto`` picks CUDA when present; ``cuda`` without a GPU is an error."""
     if setting == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device = 'cuda' but no CUDA device is visible to this process")
+        raise ValueError(
+            "setting device = 'cuda' needs a CUDA GPU, but none is visible to this process "
+            "(torch.cuda.is_available() is False); accepted here: 'auto' (CPU when there is no GPU) or 'cpu'"
+        )
     if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     return torch.device("cuda")

@@ -1172,6 +1172,12 @@ def _build_parser() -> argparse.ArgumentParser:
     stop = sub.add_parser("stop-superlink", help="stop a SuperLink left running by --keep-superlink")
     stop.add_argument("--app", default=None, help="Flower app dir (default: cwd)")
     stop.add_argument("--port", type=int, default=DEFAULT_PORT)
+
+    from fedweigh.benchmarks.cli import add_benchmark_parser
+    from fedweigh.experiments.cli import add_experiment_parser
+
+    add_experiment_parser(sub)
+    add_benchmark_parser(sub)
     return parser
 
 
@@ -1253,6 +1259,18 @@ def _cmd_stop_superlink(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_experiment(args: argparse.Namespace) -> int:
+    from fedweigh.experiments.cli import run_command
+
+    return run_command(args)
+
+
+def _cmd_benchmark(args: argparse.Namespace) -> int:
+    from fedweigh.benchmarks.cli import run_command
+
+    return run_command(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fedweigh`` console script."""
     args = _build_parser().parse_args(argv)
@@ -1261,6 +1279,8 @@ def main(argv: list[str] | None = None) -> int:
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
         "simulate": _cmd_simulate,
         "stop-superlink": _cmd_stop_superlink,
+        "experiment": _cmd_experiment,
+        "benchmark": _cmd_benchmark,
     }
     return handlers[args.command](args)
 

@@ -69,6 +69,7 @@ def central_evaluation(
             "round": current,
             "accuracy": result.accuracy,
             "loss": result.loss,
+            "macro_f1": result.macro_f1,
             "train_loss": (
                 sum(c["train_loss"] * c["num_examples"] for c in clients) / sum(c["num_examples"] for c in clients)
                 if clients
@@ -92,6 +93,7 @@ def main(grid: Grid, context: Context) -> None:
     """Run the federated training the run config describes."""
     configure_torch()
     settings = settings_from(context.run_config)
+    resolve_device(settings.device)  # device = 'cuda' on a machine without one: fail before anything is written
     run_dir = resolve_run_dir(settings.output_dir, settings.run_name, settings.resume_from, settings.strategy)
 
     if settings.resume_from:

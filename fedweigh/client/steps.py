@@ -96,7 +96,8 @@ def with_steps(recipe: dict[str, Any], settings: Settings, names: list[str]) -> 
         if name not in steps:
             steps.append(name)
             recipe.update(CLIENT_STEPS[name].recipe(settings))
-    recipe["client-steps"] = steps
+    if steps:
+        recipe["client-steps"] = steps
     return recipe
 
 

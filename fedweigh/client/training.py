@@ -125,6 +125,7 @@ class EvalStats:
     loss: float
     accuracy: float
     num_examples: int
+    macro_f1: float = float("nan")
 
 
 @torch.no_grad()
@@ -135,10 +136,30 @@ def evaluate(
     model.to(device)
     model.eval()
     loss_sum, correct = 0.0, 0
+    predictions, targets = [], []
     for images, labels, _ in batches(data, batch_size, shuffle=False, generator=None):
         logits = model(transform(images.to(device), train=False, generator=None))
         labels = labels.to(device)
         loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
-        correct += int((logits.argmax(dim=1) == labels).sum().item())
+        predicted = logits.argmax(dim=1)
+        correct += int((predicted == labels).sum().item())
+        predictions.append(predicted.cpu())
+        targets.append(labels.cpu())
     count = len(data)
-    return EvalStats(loss=loss_sum / count, accuracy=correct / count, num_examples=count)
+    f1 = macro_f1(torch.cat(predictions), torch.cat(targets)) if count else float("nan")
+    return EvalStats(loss=loss_sum / count, accuracy=correct / count, num_examples=count, macro_f1=f1)
+
+
+def macro_f1(predicted: torch.Tensor, target: torch.Tensor) -> float:
+    """Unweighted mean over the classes present in ``target`` or ``predicted`` of per-class F1.
+
+    >>> macro_f1(torch.tensor([0, 1, 1]), torch.tensor([0, 1, 0]))
+    0.6666666666666666
+    """
+    classes = torch.unique(torch.cat([predicted, target]))
+    scores = []
+    for label in classes:
+        true_positive = int(((predicted == label) & (target == label)).sum())
+        predicted_count, target_count = int((predicted == label).sum()), int((target == label).sum())
+        scores.append(2 * true_positive / (predicted_count + target_count))
+    return float(sum(scores) / len(scores))

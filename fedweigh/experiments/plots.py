@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from fedweigh.experiments.report import RunResult
 from fedweigh.experiments.spec import Experiment
@@ -51,6 +52,7 @@ UNCERTAINTY_PERCENTILES = ("u-p50", "u-p90", "u-p95", "u-p99")
 OUI_KEYS = ("oui",)
 BETA_KEYS = ("beta-alpha", "beta-beta")
 MAX_PANELS = 12
+MAX_WEIGHT_ROWS = 100
 DPI = 110
 
 
@@ -61,6 +63,9 @@ def _number(value: Any) -> float | None:
 
 
 def _save(figure: Figure, path: Path) -> Path:
+    for axes in figure.get_axes():
+        if axes.get_xlabel() == "round":
+            axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=DPI, format="png")
     return path
@@ -96,9 +101,16 @@ def plot_accuracy(results: Sequence[RunResult], path: Path, arms: Sequence[str] 
     return _save(figure, path)
 
 
-def weight_matrix(result: RunResult) -> tuple[list[int], np.ndarray]:
-    """``(partitions, W)`` with ``W[i, t]`` the weight of partition i in round t+1 (NaN: not aggregated)."""
-    partitions = sorted({int(c["partition"]) for row in result.rows for c in row.get("clients", [])})
+def weight_matrix(result: RunResult, num_partitions: int | None = None) -> tuple[list[int], np.ndarray]:
+    """``(partitions, W)`` with ``W[i, t]`` the weight of partition i in round t+1 (NaN: not aggregated).
+
+    Rows are all ``num_partitions`` clients when given (at most
+    :data:`MAX_WEIGHT_ROWS`), else the clients aggregated at least once.
+    """
+    seen = {int(c["partition"]) for row in result.rows for c in row.get("clients", [])}
+    if num_partitions is not None and num_partitions <= MAX_WEIGHT_ROWS:
+        seen |= set(range(num_partitions))
+    partitions = sorted(seen)
     index = {p: i for i, p in enumerate(partitions)}
     matrix = np.full((len(partitions), len(result.rows)), np.nan)
     for t, row in enumerate(result.rows):
@@ -107,9 +119,9 @@ def weight_matrix(result: RunResult) -> tuple[list[int], np.ndarray]:
     return partitions, matrix
 
 
-def plot_weights(result: RunResult, path: Path) -> Path:
+def plot_weights(result: RunResult, path: Path, num_partitions: int | None = None) -> Path:
     """Aggregation weight of each client (row) in each round (column)."""
-    partitions, matrix = weight_matrix(result)
+    partitions, matrix = weight_matrix(result, num_partitions)
     height = min(12.0, 2.0 + 0.18 * max(len(partitions), 1))
     figure = Figure(figsize=(8.0, height))
     axes = figure.add_subplot()
@@ -168,8 +180,14 @@ def signal_keys(results: Sequence[RunResult], required: Iterable[str] = ()) -> t
                 client_keys.update(k for k, v in client.items() if _number(v) is not None)
             diagnostic_keys.update(k for k, v in row.get("diagnostics", {}).items() if _number(v) is not None)
     chosen = [k for k in required if k in client_keys]
-    chosen += sorted(k for k in client_keys - NOT_SIGNALS if k not in chosen)
-    return chosen, sorted(diagnostic_keys)
+    chosen += sorted(k for k in client_keys - NOT_SIGNALS if k not in chosen and _varies(client_series(results, k)))
+    return chosen, sorted(k for k in diagnostic_keys if _varies(diagnostic_series(results, k)))
+
+
+def _varies(series: Mapping[int, list[float]]) -> bool:
+    """False for a constant (a setting echoed back, like a probe size): nothing to plot."""
+    values = {v for per_round in series.values() for v in per_round}
+    return len(values) > 1
 
 
 def plot_oui(results: Sequence[RunResult], path: Path) -> Path:
@@ -251,6 +269,11 @@ def plot_signals(
 
 def _required_signals(arm_config: Mapping[str, Any]) -> list[str]:
     """The signals the arm's weighting rule consumes (empty when it cannot be built)."""
+    import logging
+
+    flower = logging.getLogger("flwr")
+    level = flower.level
+    flower.setLevel(logging.ERROR)  # building a strategy logs Flower's warnings about its settings
     try:
         from fedweigh.settings import parse_settings
         from fedweigh.strategies import build_strategy
@@ -258,6 +281,8 @@ def _required_signals(arm_config: Mapping[str, Any]) -> list[str]:
         return list(build_strategy(parse_settings(arm_config)).required_signals)
     except Exception:  # plotting must not fail on a strategy that cannot be rebuilt here
         return []
+    finally:
+        flower.setLevel(level)
 
 
 def draw_all(experiment: Experiment, results: Sequence[RunResult], plots_dir: Path) -> list[Path]:
@@ -270,7 +295,7 @@ def draw_all(experiment: Experiment, results: Sequence[RunResult], plots_dir: Pa
         if not runs:
             continue
         name = _safe(arm.name)
-        drawn.append(plot_weights(runs[0], plots_dir / f"weights-{name}.png"))
+        drawn.append(plot_weights(runs[0], plots_dir / f"weights-{name}.png", experiment.spec.experiment.num_supernodes))
         client_keys, diagnostic_keys = signal_keys(runs, _required_signals(experiment.arm_configs[arm.name]))
         covered: set[str] = set()
         if any(k in client_keys for k in OUI_KEYS):

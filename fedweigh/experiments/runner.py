@@ -161,6 +161,8 @@ class GridProgress:
         left = sum(p.remaining_rounds for p in future) * per_round + len(future) * fixed
         if self.current is not None:
             left += (self.current.run.rounds - self.current_round) * per_round
+            if self.current_round == self.current.done_rounds:  # still starting up
+                left += max(0.0, fixed - (self.clock() - self._run_started))
         return left
 
     def line(self) -> str:
@@ -239,7 +241,7 @@ def run_experiment(
         try:
             for plan in todo:
                 progress.start_run(plan)
-                started = time.monotonic()
+                started, started_at = time.monotonic(), datetime.now(UTC).isoformat(timespec="seconds")
                 status, details, run_id = "interrupted", "", None
                 try:
                     outcome = sim.run(
@@ -257,7 +259,7 @@ def run_experiment(
                         plan.run.run_dir,
                         plan.run,
                         {
-                            "started": datetime.now(UTC).isoformat(timespec="seconds"),
+                            "started": started_at,
                             "action": plan.action.value,
                             "from_round": plan.done_rounds,
                             "status": status,

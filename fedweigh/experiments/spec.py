@@ -201,13 +201,14 @@ class ExperimentSpec(_Strict):
     base: dict[str, Any] = Field(default_factory=dict)
     arms: list[ArmSpec] = Field(min_length=1)
 
-    @model_validator(mode="after")
-    def _distinct_arms(self) -> ExperimentSpec:
-        names = [arm.name for arm in self.arms]
+    @field_validator("arms")
+    @classmethod
+    def _distinct_arms(cls, arms: list[ArmSpec]) -> list[ArmSpec]:
+        names = [arm.name for arm in arms]
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
             raise ValueError(f"arm names must be distinct; repeated: {', '.join(repeated)}")
-        return self
+        return arms
 
 
 @dataclass(frozen=True)
@@ -270,7 +271,8 @@ def _schema_problems(err: ValidationError, raw: Mapping[str, Any]) -> list[str]:
         if problem["type"] == "missing":
             message = "required key missing"
         given = problem.get("input")
-        shown = "" if problem["type"] in ("missing",) or isinstance(given, dict) else f" = {given!r}"
+        scalar = isinstance(given, str | int | float | bool) or (isinstance(given, list) and len(given) <= 10)
+        shown = f" = {given!r}" if scalar and problem["type"] != "missing" else ""
         problems.append(f"{where}{shown}: {message}")
     return problems
 

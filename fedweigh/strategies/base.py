@@ -91,6 +91,7 @@ class WeightedFedAvg(FedAvg):
         self.directory = NodeDirectory()
         self.records: dict[int, RoundRecord] = {}
         self._reference: dict[str, np.ndarray] = {}
+        self._sent: list[Message] = []  # this round's train instructions (the grid gives them ids)
 
     # -- hooks for subclasses ------------------------------------------------
 
@@ -129,7 +130,8 @@ class WeightedFedAvg(FedAvg):
         )
         train_config = ConfigRecord({**dict(config), **self.recipe, "server-round": current})
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: train_config})
-        return self._construct_messages(content, chosen, MessageType.TRAIN)
+        self._sent = list(self._construct_messages(content, chosen, MessageType.TRAIN))
+        return self._sent
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -149,7 +151,10 @@ class WeightedFedAvg(FedAvg):
         """Check replies, weigh them with the rule, average, record."""
         current = server_round + self.round_offset
         record = self.records.setdefault(current, RoundRecord(round=current))
-        accepted, rejected = valid_replies(current, replies, self._reference, self.required_signals)
+        replies = list(replies)
+        origin = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent if m.metadata.message_id}
+        accepted, rejected = valid_replies(current, replies, self._reference, self.required_signals, origin)
+        rejected.update(_unanswered(current, origin, replies))
         record.left_out = {str(self.directory.partition_of.get(n, n)): why for n, why in rejected.items()}
         if not accepted:
             logger.warning("round %d: no valid reply; the global model stays as it was", current)
@@ -207,6 +212,15 @@ class WeightedFedAvg(FedAvg):
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         self.rule.load_state(state.get("rule", {}))
+
+
+def _unanswered(server_round: int, origin: Mapping[str, int], replies: list[Message]) -> dict[int, str]:
+    """Nodes sent an instruction (``origin``: message id to node) that got no reply at all."""
+    answered = {reply.metadata.reply_to_message_id for reply in replies}
+    missing = {node: "no reply before the round's timeout" for mid, node in origin.items() if mid not in answered}
+    for node, why in missing.items():
+        logger.warning("round %d: left out node %d: %s", server_round, node, why)
+    return missing
 
 
 def _per_client(value: Any, count: int) -> bool:

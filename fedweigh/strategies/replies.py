@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.app import Message
+from flwr.common.constant import ErrorCode
 
 from fedweigh.strategies.aggregation import all_finite, decode
 from fedweigh.strategies.weighting import SignalCheck, finite_non_negative
@@ -68,6 +69,8 @@ def check_reply(
         Saying what is wrong.
     """
     if message.has_error():
+        if message.error.code == ErrorCode.NODE_UNAVAILABLE:
+            raise InvalidReply(f"the node left the federation during the round ({message.error.reason})")
         raise InvalidReply(f"the ClientApp failed: {message.error.reason}")
     content = message.content
     if len(content.array_records) != 1 or len(content.metric_records) != 1:
@@ -110,20 +113,36 @@ def check_reply(
     )
 
 
+def reply_origin(message: Message, origin: Mapping[str, int]) -> int:
+    """The node a reply stands for.
+
+    Usually its sender. When a node stops sending heartbeats (it crashed or
+    lost its network), the SuperLink answers in its place with an error reply
+    whose sender is the SuperLink itself; ``origin`` (instruction message id
+    to destination node) then names the node that went away.
+    """
+    return origin.get(message.metadata.reply_to_message_id, message.metadata.src_node_id)
+
+
 def valid_replies(
     server_round: int,
     messages: Iterable[Message],
     reference: Mapping[str, np.ndarray],
     signals: Mapping[str, SignalCheck],
+    origin: Mapping[str, int] | None = None,
 ) -> tuple[list[ClientReply], dict[int, str]]:
-    """Split replies into valid ones and ``{node_id: reason}`` for the rest."""
+    """Split replies into valid ones and ``{node_id: reason}`` for the rest.
+
+    ``origin`` maps the id of each instruction sent this round to its
+    destination node (see :func:`reply_origin`).
+    """
     accepted: list[ClientReply] = []
     rejected: dict[int, str] = {}
     for message in messages:
         try:
             accepted.append(check_reply(message, reference, signals))
         except InvalidReply as reason:
-            node = message.metadata.src_node_id
+            node = reply_origin(message, origin or {})
             rejected[node] = str(reason)
             logger.warning("round %d: left out node %d: %s", server_round, node, reason)
     return accepted, rejected

@@ -66,10 +66,13 @@ class NodeDirectory:
     def refresh(self, grid: Grid, min_nodes: int, wait_timeout: float = 3600.0) -> list[int]:
         """Wait for ``min_nodes`` connected nodes, learn new ones, return connected ids."""
         deadline = time.monotonic() + wait_timeout
+        reported = -1
         while len(node_ids := list(grid.get_node_ids())) < min_nodes:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {len(node_ids)} of the {min_nodes} required nodes connected")
-            logger.info("waiting for nodes: %d connected, %d required", len(node_ids), min_nodes)
+            if len(node_ids) != reported:  # say it when the count changes, not every second
+                logger.info("waiting for nodes: %d connected, %d required", len(node_ids), min_nodes)
+                reported = len(node_ids)
             time.sleep(1.0)
         unknown = [node for node in node_ids if node not in self.partition_of]
         if unknown:

@@ -1,0 +1,46 @@
+# syntax=docker/dockerfile:1
+#
+# The fedweigh app image: Flower's official SuperExec image at the Flower
+# version this project pins, plus the app's dependencies, installed here at
+# build time (a SuperExec never installs anything at run time).
+#
+# The app's own code is not copied in: every `flwr run` ships it to the
+# SuperLink and SuperNodes as a FAB, so a code change needs no rebuild; a
+# change of dependencies in pyproject.toml does.
+#
+#   docker build -t fedweigh-superexec:1.41.0 .                        # CPU wheels
+#   docker build -t fedweigh-superexec:1.41.0-cuda \
+#       --build-arg TORCH_INDEX_URL= --build-arg FLWR_EXTRAS=simulation .  # CUDA wheels, Ray
+#
+# docker-compose*.yml build it for you.
+
+ARG FLWR_VERSION=1.41.0
+FROM flwr/superexec:${FLWR_VERSION}
+ARG FLWR_VERSION
+
+# Where PyTorch comes from: the CPU-only index by default (a much smaller
+# image); empty means PyPI's default Linux wheels, which carry CUDA.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# Flower extras to add at the same version, e.g. "simulation" for Ray.
+ARG FLWR_EXTRAS=
+
+ENV PYTHONUNBUFFERED=1 \
+    HF_HOME=/app/.cache/huggingface
+
+WORKDIR /app
+COPY --chown=app:app pyproject.toml ./
+
+# Every [project] dependency except flwr itself, which the base image already
+# has at the pinned version (reinstalling it could change it).
+RUN python -c "import re, tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if not re.match(r'flwr\s*[\[<>=~!]', d)))" > requirements.txt \
+    && if [ -n "$TORCH_INDEX_URL" ]; then \
+         python -m pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" $(grep -E '^(torch|torchvision)[=<>~ ]' requirements.txt); \
+       fi \
+    && if [ -n "$FLWR_EXTRAS" ]; then \
+         python -m pip install --no-cache-dir "flwr[${FLWR_EXTRAS}]==${FLWR_VERSION}"; \
+       fi \
+    && python -m pip install --no-cache-dir -r requirements.txt \
+    && python -c "import flwr, torch; assert flwr.__version__ == '${FLWR_VERSION}', flwr.__version__; print('flwr', flwr.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda)" \
+    && mkdir -p /app/outputs /app/data "$HF_HOME"
+
+ENTRYPOINT ["flower-superexec"]

@@ -1,0 +1,12 @@
+"""Benchmarks of fedweigh (not tests): what federation, the methods and scale cost.
+
+``fedweigh benchmark <name|all> [--quick] [--output FILE]`` runs them and
+writes a JSON report and a markdown table (see ``docs/benchmarks.md``):
+
+* ``overhead`` (:mod:`.overhead`): a FedAvg simulation against the same
+  training done by a bare PyTorch loop in one process;
+* ``methods`` (:mod:`.methods`): each strategy's round time against FedAvg's;
+* ``scale`` (:mod:`.scale`): 100 against 1,000 virtual clients, 10 per round;
+* ``aggregation`` (:mod:`.aggregation`): the strategy base's aggregation
+  against Flower's FedAvg aggregation on the same replies.
+"""

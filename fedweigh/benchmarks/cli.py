@@ -1,0 +1,252 @@
+"""``fedweigh benchmark <name|all> [--quick] [--output FILE]``: run benchmarks, write JSON and a table.
+
+Benchmarks: ``overhead``, ``methods``, ``scale``, ``aggregation`` (see
+:mod:`fedweigh.benchmarks`). Each writes ``benchmarks/results/<name>.json``
+(or ``--output``) and a markdown table beside it (``.md``), and prints the
+table. ``--quick`` runs a smaller version of each (fewer rounds, fewer
+cases) to check that everything works; its numbers are not the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BENCHMARKS", "add_benchmark_parser", "run_benchmark", "run_command", "render_table"]
+
+BENCHMARKS = ("overhead", "methods", "scale", "aggregation")
+DEFAULT_PORT = 39201
+RESULTS_DIR = Path("benchmarks") / "results"
+
+
+def add_benchmark_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``benchmark`` to the ``fedweigh`` command."""
+    parser = subparsers.add_parser(
+        "benchmark",
+        help="measure the cost of federation, of each method, of scale and of aggregation",
+        description="Run benchmarks (not tests) and write a JSON report and a markdown table; "
+        "see docs/benchmarks.md.",
+    )
+    parser.add_argument("name", choices=[*BENCHMARKS, "all"], help="which benchmark")
+    parser.add_argument("--quick", action="store_true", help="a smaller version (fewer rounds and cases)")
+    parser.add_argument("--output", type=Path, default=None, help="JSON file (default: benchmarks/results/<name>.json)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port of the benchmark's own SuperLink")
+    parser.add_argument(
+        "--strategies", default=None, help="methods benchmark: comma-separated strategies (default: all registered)"
+    )
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def render_table(name: str, report: dict[str, Any]) -> str:
+    """The markdown table of one benchmark's report."""
+    from fedweigh.benchmarks.common import markdown_table
+
+    if name == "overhead":
+        rows = [
+            [
+                r["setting"],
+                r["rounds"],
+                _fmt(r["bare_seconds"], 1),
+                _fmt(r["simulation_seconds"], 1),
+                f"{r['ratio']:.2f}x",
+                _fmt(r["round_ratio"]) + "x" if r["round_ratio"] else "–",
+                _fmt(r["per_round_overhead_seconds"]),
+                _fmt(r["fixed_overhead_seconds"], 1),
+                _fmt(r["rounds_to_target"], 0) if r["rounds_to_target"] is not None else "never",
+                "yes" if r["same_accuracies"] else "NO",
+            ]
+            for r in report["settings"]
+        ]
+        header = [
+            "setting",
+            "rounds",
+            "bare loop s",
+            "simulation s",
+            "ratio",
+            "round ratio",
+            "extra s/round",
+            "extra fixed s",
+            "rounds for ≤1.3x",
+            "same accuracies",
+        ]
+        return markdown_table(header, rows)
+    if name == "methods":
+        rows = [
+            [
+                r["strategy"],
+                _fmt(r.get("round_seconds")),
+                _fmt(r.get("client_train_seconds")),
+                (_fmt(r.get("round_ratio")) + "x") if r.get("round_ratio") else "–",
+                _fmt(r.get("extra_seconds_per_round")),
+                _fmt(r.get("final_accuracy"), 4),
+                r["status"],
+            ]
+            for r in report["strategies"]
+        ]
+        header = ["strategy", "round s", "client train s/round", "vs FedAvg", "extra s/round", "final acc", "status"]
+        return f"setting: {report['setting']}\n\n" + markdown_table(header, rows)
+    if name == "scale":
+        rows = [
+            [
+                r["clients"],
+                r.get("per_round", "–"),
+                _fmt(r.get("peak_rss_mb"), 0),
+                r.get("peak_processes", "–"),
+                _fmt(r.get("round_seconds")),
+                _fmt(r.get("startup_seconds"), 1),
+                _fmt(r.get("partition_check_seconds")),
+                r["status"],
+            ]
+            for r in report["clients"]
+        ]
+        header = ["clients", "per round", "peak RSS MB", "processes", "round s", "start-up s", "data check s", "status"]
+        return markdown_table(header, rows)
+    if name == "aggregation":
+        rows = [
+            [
+                r["k"],
+                _fmt(r["strategy_fedweigh_s"], 3),
+                _fmt(r["strategy_flower_s"], 3),
+                f"{r['strategy_speedup']:.2f}x",
+                _fmt(r["arrays_fedweigh_s"], 3),
+                _fmt(r["arrays_flower_s"], 3),
+                f"{r['arrays_speedup']:.2f}x",
+                _fmt(r["arithmetic_fedweigh_s"], 3),
+                _fmt(r["arithmetic_flower_s_estimated"], 3),
+                f"{_fmt(r['strategy_extra_peak_mb_fedweigh'], 0)} / {_fmt(r['strategy_extra_peak_mb_flower'], 0)}",
+            ]
+            for r in report["summary"]
+        ]
+        header = [
+            "K",
+            "strategy: fedweigh s",
+            "Flower FedAvg s",
+            "speed-up",
+            "arrays: fedweigh s",
+            "Flower s",
+            "speed-up",
+            "arithmetic: fedweigh s",
+            "Flower s (est.)",
+            "extra peak MB fedweigh / Flower",
+        ]
+        parameters = report["cases"][0]["parameters"] if report["cases"] else 0
+        return f"model: {report['model']} ({parameters:,} parameters)\n\n" + markdown_table(header, rows)
+    raise ValueError(f"unknown benchmark {name!r}")
+
+
+def _overhead(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+    from fedweigh.benchmarks.common import fednolowe_mnist, fedoui_cifar10
+    from fedweigh.benchmarks.overhead import TARGET_RATIO, federation_overhead
+
+    settings = [fedoui_cifar10(3 if quick else 10), fednolowe_mnist(2 if quick else 5)]
+    results = []
+    for setting in settings:
+        result = federation_overhead(setting, sim)
+        sim_rounds, bare_rounds = result["round_seconds_simulation"], result["round_seconds_bare"]
+        fixed = (result["simulation_seconds"] - sum(sim_rounds)) - (result["bare_seconds"] - sum(bare_rounds))
+        result["fixed_overhead_seconds"] = round(fixed, 2)
+        # Rounds after which (fixed + T * sim_round) / (bare_fixed + T * bare_round) <= target.
+        bare_fixed = result["bare_seconds"] - sum(bare_rounds)
+        sim_round = sum(sim_rounds[1:]) / max(len(sim_rounds) - 1, 1)
+        bare_round = sum(bare_rounds[1:]) / max(len(bare_rounds) - 1, 1)
+        sim_fixed = result["simulation_seconds"] - sum(sim_rounds)
+        margin = TARGET_RATIO * bare_round - sim_round
+        needed = (sim_fixed - TARGET_RATIO * bare_fixed) / margin if margin > 0 else None
+        result["rounds_to_target"] = max(0.0, needed) if needed is not None else None
+        results.append(result)
+    return {"settings": results}
+
+
+def _methods(quick: bool, sim: Any, strategies: list[str] | None) -> dict[str, Any]:
+    from fedweigh.benchmarks.common import digits_small, fedoui_cifar10
+    from fedweigh.benchmarks.methods import method_overhead
+    from fedweigh.strategies import strategy_names
+
+    setting = digits_small(3) if quick else fedoui_cifar10(4)
+    return method_overhead(setting, strategies or strategy_names(), sim)
+
+
+def _scale(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+    from fedweigh.benchmarks.scale import scale
+
+    return scale(sim, sizes=(100, 1000), rounds=2 if quick else 4)
+
+
+def _aggregation(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+    from fedweigh.benchmarks.aggregation import aggregation
+
+    return aggregation(ks=(10,) if quick else (10, 100), repeat=2 if quick else 3)
+
+
+_RUNNERS: dict[str, Callable[[bool, Any, list[str] | None], dict[str, Any]]] = {
+    "overhead": _overhead,
+    "methods": _methods,
+    "scale": _scale,
+    "aggregation": _aggregation,
+}
+_NEEDS_SIMULATION = {"overhead", "methods", "scale"}
+
+
+def run_benchmark(
+    name: str, *, quick: bool, sim: Any = None, strategies: list[str] | None = None
+) -> dict[str, Any]:
+    """Run one benchmark; returns its report (with the machine it ran on)."""
+    from fedweigh.benchmarks.common import machine_description
+
+    started = time.monotonic()
+    machine = machine_description()
+    report = _RUNNERS[name](quick, sim, strategies)
+    machine["load_average_1m_after"] = machine_description()["load_average_1m"]
+    return {
+        "benchmark": name,
+        "quick": quick,
+        "machine": machine,
+        "seconds": round(time.monotonic() - started, 1),
+        **report,
+    }
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Handler of ``fedweigh benchmark ...``; returns the exit code."""
+    from fedweigh.benchmarks.common import APP_DIR, BenchmarkError, write_json
+    from fedweigh.launch import LocalSimulation, SimulationError
+
+    names = list(BENCHMARKS) if args.name == "all" else [args.name]
+    if args.output is not None and len(names) > 1:
+        print("fedweigh: --output names one file; run one benchmark at a time with it", file=sys.stderr)
+        return 2
+    strategies = [s.strip() for s in args.strategies.split(",")] if args.strategies else None
+    sim = None
+    try:
+        if _NEEDS_SIMULATION & set(names):
+            sim = LocalSimulation(APP_DIR, port=args.port, connection=f"fedweigh-bench-{args.port}")
+            sim.start()
+        for name in names:
+            print(f"[benchmark] {name}{' (quick)' if args.quick else ''} ...", file=sys.stderr, flush=True)
+            report = run_benchmark(name, quick=args.quick, sim=sim, strategies=strategies)
+            path = args.output or (RESULTS_DIR / (f"{name}-quick.json" if args.quick else f"{name}.json"))
+            table = render_table(name, report)
+            write_json(path, report)
+            Path(path).with_suffix(".md").write_text(f"# {name}\n\n{table}\n", encoding="utf-8")
+            print(f"\n## {name} ({report['seconds']:.0f} s; {path})\n\n{table}\n")
+    except (BenchmarkError, SimulationError, RuntimeError, ValueError) as err:
+        print(f"fedweigh: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("fedweigh: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if sim is not None:
+            sim.stop()
+    return 0

@@ -1,0 +1,345 @@
+"""Pieces every benchmark uses: the settings benchmarked, timed simulations, memory, reports.
+
+Settings (run-config overrides of the app's defaults):
+
+* :func:`fedoui_cifar10`: the FedOUI paper's CIFAR-10 setting (fedoui-cnn,
+  3,000 / 1,000 train / test images, 20 clients, 5 per round, Dirichlet 0.1,
+  batch 32, SGD lr 0.01 momentum 0.9, one local epoch);
+* :func:`fednolowe_mnist`: the FedNolowe paper's MNIST setting (LeNet-5,
+  50 clients, 10 % per round, Dirichlet 0.1, two local epochs, batch 32,
+  SGD lr 0.01 momentum 0.9 weight decay 1e-3);
+* :func:`digits_small`: a seconds-long setting on the bundled digits, for
+  ``--quick`` runs and smoke tests.
+
+The offline datasets are looked up in ``$FEDWEIGH_DATASETS`` or
+``../shared/datasets`` next to the app.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "APP_DIR",
+    "BenchmarkError",
+    "MemorySampler",
+    "TimedRun",
+    "dataset_folder",
+    "digits_small",
+    "fednolowe_mnist",
+    "fedoui_cifar10",
+    "machine_description",
+    "markdown_table",
+    "run_timed",
+    "tree_rss_bytes",
+]
+
+APP_DIR = Path(__file__).resolve().parents[2]
+
+
+class BenchmarkError(RuntimeError):
+    """A benchmark that cannot run here (e.g. its dataset is missing)."""
+
+
+def dataset_folder(name: str) -> str:
+    """Absolute path of an offline dataset folder (``cifar10``, ``mnist``, ...)."""
+    roots = [Path(os.environ["FEDWEIGH_DATASETS"])] if os.environ.get("FEDWEIGH_DATASETS") else []
+    roots.append(APP_DIR.parent / "shared" / "datasets")
+    for root in roots:
+        if (root / name / "train.parquet").is_file():
+            return str((root / name).resolve())
+    raise BenchmarkError(
+        f"dataset folder {name!r} not found in {', '.join(map(str, roots))}; set FEDWEIGH_DATASETS to the folder "
+        "holding cifar10/, mnist/ (see ../shared/datasets/README.md)"
+    )
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A benchmarked configuration: run-config overrides and the federation size."""
+
+    name: str
+    run_config: dict[str, Any]
+    num_supernodes: int
+
+    def with_rounds(self, rounds: int) -> Setting:
+        return Setting(self.name, {**self.run_config, "num-server-rounds": rounds}, self.num_supernodes)
+
+
+def fedoui_cifar10(rounds: int = 5) -> Setting:
+    """The FedOUI paper's CIFAR-10 setting (without its rare and noisy clients), FedAvg."""
+    return Setting(
+        "fedoui-cifar10",
+        {
+            "strategy": "fedavg",
+            "dataset": dataset_folder("cifar10"),
+            "model": "fedoui-cnn",
+            "train-subset": 3000,
+            "test-subset": 1000,
+            "partitioner": "dirichlet",
+            "dirichlet-alpha": 0.1,
+            "fraction-train": 0.25,
+            "min-train-nodes": 2,
+            "local-epochs": 1,
+            "batch-size": 32,
+            "learning-rate": 0.01,
+            "momentum": 0.9,
+            "weight-decay": 0.0,
+            "eval-batch-size": 256,
+            "num-server-rounds": rounds,
+        },
+        num_supernodes=20,
+    )
+
+
+def fednolowe_mnist(rounds: int = 5) -> Setting:
+    """The FedNolowe paper's MNIST setting, FedAvg."""
+    return Setting(
+        "fednolowe-mnist",
+        {
+            "strategy": "fedavg",
+            "dataset": dataset_folder("mnist"),
+            "model": "lenet5",
+            "partitioner": "dirichlet",
+            "dirichlet-alpha": 0.1,
+            "fraction-train": 0.1,
+            "min-train-nodes": 2,
+            "local-epochs": 2,
+            "batch-size": 32,
+            "learning-rate": 0.01,
+            "momentum": 0.9,
+            "weight-decay": 1e-3,
+            "augment": False,
+            "eval-batch-size": 512,
+            "num-server-rounds": rounds,
+        },
+        num_supernodes=50,
+    )
+
+
+def digits_small(rounds: int = 3) -> Setting:
+    """A small, fast setting on the bundled digits."""
+    return Setting(
+        "digits-small",
+        {
+            "strategy": "fedavg",
+            "dataset": "digits",
+            "model": "mlp",
+            "partitioner": "iid",
+            "fraction-train": 0.5,
+            "min-train-nodes": 2,
+            "num-server-rounds": rounds,
+        },
+        num_supernodes=4,
+    )
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _rss_and_children() -> tuple[dict[int, int], dict[int, list[int]]]:
+    rss: dict[int, int] = {}
+    children: dict[int, list[int]] = {}
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            statm = (entry / "statm").read_text().split()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(")") + 2 :].split()
+        pid = int(entry.name)
+        children.setdefault(int(rest[1]), []).append(pid)
+        rss[pid] = int(statm[1]) * page
+    return rss, children
+
+
+def tree_rss_bytes(root: int) -> tuple[int, int]:
+    """``(summed RSS in bytes, process count)`` of ``root`` and everything below it (Linux)."""
+    rss, children = _rss_and_children()
+    total, count, stack = 0, 0, [root]
+    while stack:
+        pid = stack.pop()
+        if pid in rss:
+            total += rss[pid]
+            count += 1
+        stack.extend(children.get(pid, []))
+    return total, count
+
+
+class MemorySampler:
+    """Samples the summed RSS of a process tree every ``interval`` seconds, in a thread.
+
+    The peak of the samples is a lower bound of the true peak (a spike shorter
+    than the interval can be missed).
+    """
+
+    def __init__(self, root: int, interval: float = 0.5) -> None:
+        self.root = root
+        self.interval = interval
+        self.samples: list[tuple[float, int, int]] = []  # (monotonic, bytes, processes)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if Path("/proc").is_dir():
+                total, count = tree_rss_bytes(self.root)
+                self.samples.append((time.monotonic(), total, count))
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def peak_between(self, start: float = 0.0, end: float = float("inf")) -> int:
+        values = [b for t, b, _ in self.samples if start <= t <= end]
+        return max(values) if values else 0
+
+    @property
+    def peak(self) -> int:
+        return self.peak_between()
+
+
+# --------------------------------------------------------------------------- timed simulations
+
+_MARKS = {
+    "submitted": re.compile(r"Successfully started run"),
+    "simulation_started": re.compile(r"Starting Flower Simulation"),
+    "server_ready": re.compile(r"\[fedweigh\] results:"),
+    "done": re.compile(r"\[fedweigh\] done:"),
+}
+_ROUND = re.compile(r"\[fedweigh\] round (\d+)/(\d+)")
+
+
+@dataclass
+class TimedRun:
+    """One ``flwr run`` with the time (seconds since submission) of its milestones."""
+
+    status: str
+    results_dir: Path | None
+    wall_seconds: float
+    marks: dict[str, float] = field(default_factory=dict)
+    round_marks: dict[int, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "finished:completed"
+
+    def round_seconds(self) -> list[float]:
+        """The ServerApp's seconds per round (metrics.jsonl)."""
+        return [float(row["seconds"]) for row in self.rows]
+
+    def train_seconds(self) -> list[float]:
+        """Per round: the summed ``train-seconds`` the clients report."""
+        return [sum(float(c.get("train-seconds", 0.0)) for c in row.get("clients", [])) for row in self.rows]
+
+    def accuracies(self) -> list[float]:
+        return [float(row["accuracy"]) for row in self.rows]
+
+    def phases(self) -> dict[str, float]:
+        """Wall-clock phases of the run, in seconds."""
+        marks = self.marks
+        out: dict[str, float] = {}
+
+        def span(name: str, start: str | None, end: str | None) -> None:
+            a = 0.0 if start is None else marks.get(start)
+            b = self.wall_seconds if end is None else marks.get(end)
+            if a is not None and b is not None:
+                out[name] = round(b - a, 3)
+
+        span("cli_submit", None, "submitted")
+        span("simulation_process_start", "submitted", "simulation_started")
+        span("server_and_clients_start", "simulation_started", "server_ready")
+        span("rounds", "server_ready", "done")
+        span("shutdown", "done", None)
+        return out
+
+
+def run_timed(
+    sim: Any,
+    run_config: Mapping[str, Any],
+    num_supernodes: int,
+    cpus_per_client: int = 1,
+    on_line: Callable[[str], None] | None = None,
+) -> TimedRun:
+    """Submit a run on ``sim`` (a started LocalSimulation), timing its milestones from the log."""
+    from fedweigh.results import read_metrics
+
+    marks: dict[str, float] = {}
+    rounds: dict[int, float] = {}
+    started = time.monotonic()
+
+    def watch(line: str) -> None:
+        now = time.monotonic() - started
+        for name, pattern in _MARKS.items():
+            if name not in marks and pattern.search(line):
+                marks[name] = now
+        if match := _ROUND.search(line):
+            rounds[int(match.group(1))] = now
+        if on_line is not None:
+            on_line(line)
+
+    outcome = sim.run(
+        dict(run_config), num_supernodes=num_supernodes, cpus_per_client=cpus_per_client, echo=False, on_line=watch
+    )
+    wall = outcome.timings.get("total_s", time.monotonic() - started)
+    rows = read_metrics(outcome.results_dir) if outcome.results_dir and outcome.results_dir.exists() else []
+    return TimedRun(outcome.status, outcome.results_dir, wall, marks, rounds, dict(outcome.timings), rows)
+
+
+# --------------------------------------------------------------------------- reports
+
+
+def machine_description() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    import torch
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(),
+        "load_average_1m": round(load[0], 2) if load else None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub markdown table.
+
+    >>> print(markdown_table(["a", "b"], [[1, 2.5]]))
+    | a | b |
+    |---|---|
+    | 1 | 2.5 |
+    """
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_json(path: Path, payload: Mapping[str, Any]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=str), encoding="utf-8")
+    return path

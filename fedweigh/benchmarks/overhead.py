@@ -1,0 +1,132 @@
+"""Federation overhead: a FedAvg simulation against the same training in a bare loop.
+
+Both sides train the same clients, in the same order, with the same seeds,
+partitions, model, local steps, batch size, one torch thread and central
+evaluation after every round; the simulation runs one ClientApp at a time
+(``client-resources-num-cpus`` = all CPUs, so Ray starts one actor), exactly
+like the loop. For FedAvg both compute the same numbers (checked:
+``same_accuracies``), so the difference in wall time is the cost of the
+federation machinery:
+
+* **start-up**: the ``flwr run`` CLI, the simulation process, importing the
+  apps, starting Ray and its actor, learning each node's partition, and
+  loading the data in the ServerApp and in the actor (the bare loop loads it
+  once);
+* **per round**: messages to and from the clients (serialising the model,
+  Ray's object store, the SuperLink's 0.1 s polling), validation and
+  bookkeeping in the strategy, checkpoints.
+
+The report gives the ratio of the whole runs (what a user waits for), the
+ratio of the mean round time (start-up excluded) and where the time went.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedweigh.benchmarks.common import APP_DIR, Setting, run_timed
+
+__all__ = ["TARGET_RATIO", "federation_overhead", "run_bare", "warm_data_cache"]
+
+TARGET_RATIO = 1.3
+
+
+def warm_data_cache(run_config: Mapping[str, Any], num_partitions: int) -> None:
+    """Build the dataset's Arrow cache once, so that neither side pays for it."""
+    from fedweigh.components import data_spec
+    from fedweigh.data.federated import clear_caches, load_test_split, partition_sizes
+    from fedweigh.settings import parse_settings
+
+    spec = data_spec(parse_settings(run_config), num_partitions)
+    partition_sizes(spec)
+    load_test_split(spec)
+    clear_caches()
+
+
+def run_bare(run_config: Mapping[str, Any], num_partitions: int) -> dict[str, Any]:
+    """The bare loop in a fresh Python process (its start-up and imports counted)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "fedweigh.benchmarks.bare", json.dumps(dict(run_config)), str(num_partitions)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    wall = time.monotonic() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"bare loop failed:\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["process_seconds"] = wall
+    return result
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def federation_overhead(setting: Setting, sim: Any, output_dir: Path | None = None) -> dict[str, Any]:
+    """Time ``setting`` as a simulation on ``sim`` and as a bare loop; compare.
+
+    Returns
+    -------
+    dict
+        ``ratio`` (simulation wall / bare-loop wall, both from process start),
+        ``round_ratio`` (mean round time, rounds 2..T), the phases of each
+        side, and ``same_accuracies``.
+    """
+    from fedweigh.launch import load_app_config
+
+    defaults = load_app_config(APP_DIR)
+    full = {**defaults, **setting.run_config}
+    warm_data_cache(full, setting.num_supernodes)
+    bare = run_bare(full, setting.num_supernodes)
+
+    with tempfile.TemporaryDirectory(dir=output_dir) as scratch:
+        run_config = {**setting.run_config, "output-dir": scratch, "run-name": f"overhead-{setting.name}"}
+        timed = run_timed(sim, run_config, setting.num_supernodes, cpus_per_client=os.cpu_count() or 1)
+    if not timed.ok:
+        raise RuntimeError(f"the simulation of {setting.name} ended {timed.status}")
+
+    sim_rounds = timed.round_seconds()
+    bare_rounds = [r["seconds"] for r in bare["rounds"]]
+    sim_train = timed.train_seconds()
+    bare_train = [r["train_seconds"] for r in bare["rounds"]]
+    later_sim, later_bare = _mean(sim_rounds[1:]), _mean(bare_rounds[1:])
+    phases = timed.phases()
+    return {
+        "setting": setting.name,
+        "run_config": setting.run_config,
+        "num_supernodes": setting.num_supernodes,
+        "rounds": len(sim_rounds),
+        "simulation_seconds": round(timed.wall_seconds, 2),
+        "bare_seconds": round(bare["process_seconds"], 2),
+        "ratio": round(timed.wall_seconds / bare["process_seconds"], 3),
+        "target_ratio": TARGET_RATIO,
+        "round_seconds_simulation": [round(s, 3) for s in sim_rounds],
+        "round_seconds_bare": [round(s, 3) for s in bare_rounds],
+        "round_ratio": round(later_sim / later_bare, 3) if later_sim and later_bare else None,
+        "per_round_overhead_seconds": round(later_sim - later_bare, 3) if later_sim and later_bare else None,
+        "train_seconds_per_round_simulation": [round(s, 3) for s in sim_train],
+        "train_seconds_per_round_bare": [round(s, 3) for s in bare_train],
+        "simulation_phases": phases,
+        "bare_phases": {
+            "process_start_and_imports": round(bare["process_seconds"] - bare["setup_seconds"] - bare["loop_seconds"], 3),
+            "data_and_model_setup": round(bare["setup_seconds"], 3),
+            "rounds": round(bare["loop_seconds"], 3),
+        },
+        "first_round_seconds": {"simulation": round(sim_rounds[0], 3), "bare": round(bare_rounds[0], 3)},
+        "same_accuracies": timed.accuracies() == bare["accuracies"],
+        "accuracies": {"simulation": timed.accuracies(), "bare": bare["accuracies"]},
+    }

@@ -1,0 +1,147 @@
+"""``fedweigh experiment run|report FILE``: the command line of the experiment runner.
+
+Only argparse lives here at import time; the runner (and torch) load when a
+command runs, so ``fedweigh --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+__all__ = ["add_experiment_parser", "default_app_dir", "default_output_dir", "parse_seeds", "run_command"]
+
+OUTPUT_ROOT = Path("outputs") / "experiments"
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"1,2,3"`` -> ``[1, 2, 3]``; a clear error otherwise.
+
+    >>> parse_seeds("1, 2,3")
+    [1, 2, 3]
+    """
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds = {text!r}: accepted: comma-separated integers, e.g. 1,2,3") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError(f"--seeds = {text!r}: accepted: comma-separated integers, e.g. 1,2,3")
+    return seeds
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--rounds = {text!r}: accepted: an integer >= 1")
+    return value
+
+
+def default_app_dir() -> Path:
+    """The current directory if it is a Flower app, else the folder fedweigh was installed from."""
+    here = Path.cwd()
+    try:
+        with (here / "pyproject.toml").open("rb") as handle:
+            if "app" in tomllib.load(handle).get("tool", {}).get("flwr", {}):
+                return here
+    except (OSError, tomllib.TOMLDecodeError):
+        pass
+    return Path(__file__).resolve().parents[2]
+
+
+def default_output_dir(name: str, rounds: int | None, seeds: list[int] | None) -> Path:
+    """``outputs/experiments/<name>``; quick overrides get their own folder so they never mix."""
+    suffix = ""
+    if rounds is not None:
+        suffix += f"-rounds{rounds}"
+    if seeds is not None:
+        suffix += "-seeds" + "_".join(map(str, seeds))
+    return OUTPUT_ROOT / f"{name}{suffix}"
+
+
+def add_experiment_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``experiment run`` and ``experiment report`` to the ``fedweigh`` command."""
+    from fedweigh.launch import DEFAULT_PORT
+
+    parser = subparsers.add_parser(
+        "experiment",
+        help="run a named comparison (arms x seeds) and get its table and plots",
+        description="Run every (arm, seed) of an experiment file as a real Flower run on one local "
+        "simulation SuperLink; see docs/experiments.md.",
+    )
+    actions = parser.add_subparsers(dest="experiment_command", required=True)
+    for name, help_text in (
+        ("run", "run the grid (skipping finished runs, resuming interrupted ones), then write the report"),
+        ("report", "only (re)write results.csv, summary.md and the plots from the runs already done"),
+    ):
+        sub = actions.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("file", type=Path, help="the experiment file (TOML)")
+        sub.add_argument("--output-dir", type=Path, default=None, help="default: outputs/experiments/<name>")
+        sub.add_argument("--seeds", type=parse_seeds, default=None, help="replace the file's seeds, e.g. 1,2")
+        sub.add_argument("--rounds", type=_positive, default=None, help="replace num-server-rounds (a quick look)")
+        sub.add_argument("--app", type=Path, default=None, help="Flower app dir (default: cwd, else fedweigh's)")
+        if name == "run":
+            sub.add_argument("--dry-run", action="store_true", help="validate and show the plan; run nothing")
+            sub.add_argument("--port", type=int, default=DEFAULT_PORT, help="port of the simulation SuperLink")
+            sub.add_argument("--echo", action="store_true", help="print the runs' Flower logs too")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Handler of ``fedweigh experiment ...``; returns the exit code."""
+    from fedweigh.experiments.grid import Action
+    from fedweigh.experiments.report import SamplingMismatchError, write_report
+    from fedweigh.experiments.runner import format_duration, plan_experiment, run_experiment
+    from fedweigh.experiments.spec import ExperimentError, load_experiment
+    from fedweigh.launch import SimulationError, load_app_config
+
+    app = (args.app or default_app_dir()).expanduser().resolve()
+    try:
+        defaults = load_app_config(app)
+        experiment = load_experiment(args.file, defaults, seeds=args.seeds, rounds=args.rounds)
+        output_dir = (args.output_dir or default_output_dir(experiment.name, args.rounds, args.seeds)).resolve()
+        runs, plans = plan_experiment(experiment, output_dir, defaults)
+    except (ExperimentError, SimulationError) as err:
+        print(f"fedweigh: {err}", file=sys.stderr)
+        return 2
+
+    try:
+        if args.experiment_command == "report":
+            report = write_report(experiment, runs, output_dir)
+            print(f"wrote {report.results_csv} and {report.summary_md} ({len(report.plots)} plots)")
+            return 0
+        todo = [plan for plan in plans if plan.action is not Action.SKIP]
+        print(
+            f"experiment {experiment.name}: {len(plans)} runs ({len(experiment.arms)} arms x "
+            f"{len(experiment.seeds)} seeds), {len(plans) - len(todo)} done, {len(todo)} to run; "
+            f"results in {output_dir}",
+            file=sys.stderr,
+        )
+        if args.dry_run:
+            for plan in plans:
+                print(f"  {plan.run.name:<32} {plan.action.value:<7} {plan.note}")
+            return 0
+        started = time.monotonic()
+        outcome = run_experiment(experiment, output_dir, app, defaults, port=args.port, echo=args.echo)
+    except SamplingMismatchError as err:
+        print(f"fedweigh: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("fedweigh: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    except SimulationError as err:
+        print(f"fedweigh: {err}", file=sys.stderr)
+        return 1
+    elapsed = time.monotonic() - started
+    report = outcome.report
+    if report is not None:
+        print(f"\ndone in {format_duration(elapsed)}; results in {output_dir}\n")
+        print(report.summary_md.read_text(encoding="utf-8"))
+    if outcome.failed:
+        print(f"fedweigh: {len(outcome.failed)} run(s) failed: {', '.join(outcome.failed)}", file=sys.stderr)
+        return 1
+    return 0

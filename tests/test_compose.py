@@ -1,0 +1,356 @@
+"""The container files, checked without a Docker engine.
+
+There is no Docker on the machines that run these tests, so the compose
+files and the Dockerfile are checked against what is installed instead:
+they parse; every flag they pass exists in the installed Flower CLI, is not
+deprecated, and is accepted with its value; the images are Flower's at the
+installed Flower version; addresses, ports, networks and partitions agree
+between services; every volume they mount exists in the repository or is
+made by the scripts in ``deploy/``; the TLS variant leaves nothing insecure
+between the SuperLink and the SuperNodes; the GPU variant reserves GPUs.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import flwr
+import pytest
+import yaml
+from conftest import REPO
+from packaging.specifiers import SpecifierSet
+
+FLOWER = flwr.__version__
+BIN = Path(sys.executable).parent
+FILES = {"base": "docker-compose.yml", "tls": "docker-compose.tls.yml", "gpu": "docker-compose.gpu.yml"}
+VARIANTS = {"base": ["base"], "tls": ["base", "tls"], "gpu": ["base", "gpu"], "tls+gpu": ["base", "tls", "gpu"]}
+FLOWER_IMAGES = {"flwr/superlink": "flower-superlink", "flwr/supernode": "flower-supernode"}
+_VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
+# Compose merges these by replacing the whole value, not item by item.
+_REPLACED = {"command", "entrypoint"}
+_MERGED_BY_TARGET = {"volumes", "ports"}
+
+
+# --------------------------------------------------------------------------------------
+# Reading compose files as Docker Compose would
+# --------------------------------------------------------------------------------------
+
+
+def interpolate(value: Any) -> Any:
+    """Resolve ``${VAR:-default}`` to its default, as on a machine that sets nothing."""
+    if isinstance(value, str):
+
+        def default(match: re.Match[str]) -> str:
+            if match.group(2) is None:
+                raise AssertionError(f"${{{match.group(1)}}} has no default in {value!r}")
+            return match.group(2)
+
+        return _VARIABLE.sub(default, value)
+    if isinstance(value, list):
+        return [interpolate(item) for item in value]
+    if isinstance(value, dict):
+        return {key: interpolate(item) for key, item in value.items()}
+    return value
+
+
+@functools.cache
+def load(name: str) -> dict[str, Any]:
+    with (REPO / FILES[name]).open() as handle:
+        return interpolate(yaml.safe_load(handle))
+
+
+def _target(entry: Any) -> str:
+    return str(entry).split(":")[1] if ":" in str(entry) else str(entry)
+
+
+def merge(base: Any, overlay: Any, key: str = "") -> Any:
+    """Docker Compose's merge of an overlay file into a base file (the parts used here)."""
+    if isinstance(base, dict) and isinstance(overlay, dict):
+        merged = dict(base)
+        for name, value in overlay.items():
+            merged[name] = merge(base[name], value, name) if name in base else copy.deepcopy(value)
+        return merged
+    if key in _MERGED_BY_TARGET and isinstance(base, list) and isinstance(overlay, list):
+        kept = [entry for entry in base if _target(entry) not in {_target(e) for e in overlay}]
+        return kept + list(overlay)
+    return copy.deepcopy(overlay)  # scalars, command, entrypoint, other lists
+
+
+def variant(name: str) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    for part in VARIANTS[name]:
+        config = merge(config, load(part))
+    return config
+
+
+def services(name: str) -> dict[str, dict[str, Any]]:
+    return variant(name)["services"]
+
+
+def command(service: Mapping[str, Any]) -> list[str]:
+    return [str(arg) for arg in service.get("command", [])]
+
+
+def option(service: Mapping[str, Any], flag: str) -> str:
+    args = command(service)
+    assert args.count(flag) == 1, f"{flag} given {args.count(flag)} times in {args}"
+    return args[args.index(flag) + 1]
+
+
+def supernodes(config: Mapping[str, dict[str, Any]]) -> list[str]:
+    return sorted(name for name in config if re.fullmatch(r"supernode-\d+", name))
+
+
+def dockerfile_entrypoint() -> str:
+    match = re.search(r'^ENTRYPOINT \["([^"]+)"', (REPO / "Dockerfile").read_text(), re.M)
+    assert match, "the Dockerfile has no exec-form ENTRYPOINT"
+    return match.group(1)
+
+
+def cli_of(service: Mapping[str, Any]) -> str:
+    """The Flower executable a service runs."""
+    if "entrypoint" in service:
+        return list(service["entrypoint"])[0]
+    image = str(service.get("image", ""))
+    for repository, cli in FLOWER_IMAGES.items():
+        if image.startswith(f"{repository}:"):
+            return cli
+    assert "build" in service, f"unknown image {image!r}"
+    return dockerfile_entrypoint()
+
+
+# --------------------------------------------------------------------------------------
+# The installed Flower CLI
+# --------------------------------------------------------------------------------------
+
+
+@functools.cache
+def cli_options(cli: str) -> dict[str, str]:
+    """Every flag of ``cli --help`` with its help text."""
+    text = subprocess.run([BIN / cli, "--help"], capture_output=True, text=True, timeout=120, check=True).stdout
+    options: dict[str, str] = {}
+    flags: list[str] = []
+    section = text[text.index("options:") :]
+    for line in section.splitlines()[1:]:
+        if line.startswith("  -"):
+            header, _, description = line.strip().partition("  ")
+            flags = re.findall(r"--[A-Za-z0-9][\w-]*", header)
+            for flag in flags:
+                options[flag] = description.strip()
+        elif line.startswith("   "):
+            for flag in flags:
+                options[flag] = f"{options[flag]} {line.strip()}".strip()
+    assert "--help" in options, f"could not read the options of {cli}"
+    return options
+
+
+@functools.cache
+def accepts(cli: str, args: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    """Let the CLI's own parser check ``args`` (values, choices) before ``--help`` stops it."""
+    return subprocess.run([BIN / cli, *args, "--help"], capture_output=True, text=True, timeout=120, check=False)
+
+
+# --------------------------------------------------------------------------------------
+# Tests
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_compose_file_parses_and_overlays_only_known_services(name):
+    config = load(name)
+    assert isinstance(config.get("services"), dict) and config["services"]
+    base = load("base")["services"]
+    for service, body in config["services"].items():
+        assert service in base or body.get("profiles"), f"{FILES[name]}: {service} is not in docker-compose.yml"
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_every_flag_exists_in_the_installed_flower_cli(name):
+    for service, body in services(name).items():
+        cli = cli_of(body)
+        assert cli in {"flower-superlink", "flower-supernode", "flower-superexec"}, f"{service}: {cli}"
+        known = cli_options(cli)
+        for flag in (arg for arg in command(body) if arg.startswith("--")):
+            assert flag in known, f"{service}: {cli} has no {flag}"
+            assert "deprecated" not in known[flag].lower(), f"{service}: {flag} is deprecated: {known[flag]}"
+        result = accepts(cli, tuple(command(body)))
+        assert result.returncode == 0, f"{service}: {cli} rejects {command(body)}:\n{result.stderr[-2000:]}"
+
+
+def test_images_are_flower_images_at_the_installed_version():
+    pin = SpecifierSet(
+        next(
+            dep.split("]", 1)[1]
+            for dep in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+            if dep.startswith("flwr[")
+        )
+    )
+    assert FLOWER in pin
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert re.search(rf"^ARG FLWR_VERSION={re.escape(FLOWER)}$", dockerfile, re.M)
+    assert re.search(r"^FROM flwr/superexec:\$\{FLWR_VERSION\}$", dockerfile, re.M)
+    assert dockerfile_entrypoint() == "flower-superexec"
+    for name in FILES:
+        for service, body in load(name)["services"].items():
+            image = str(body.get("image", ""))
+            if image.startswith("flwr/"):
+                assert image.rsplit(":", 1)[1] == FLOWER, f"{FILES[name]}: {service} uses {image}"
+            if "build" in body:
+                assert image.startswith(f"fedweigh-superexec:{FLOWER}"), f"{service}: {image}"
+                assert body["build"]["args"]["FLWR_VERSION"] == FLOWER
+
+
+def test_dockerfile_installs_every_dependency_but_flower(tmp_path):
+    """Run the Dockerfile's own dependency filter on this pyproject.toml."""
+    dockerfile = (REPO / "Dockerfile").read_text()
+    snippet = re.search(r'python -c "import re, tomllib;[^"]+"', dockerfile)
+    assert snippet, "the dependency filter moved; update this test"
+    (tmp_path / "pyproject.toml").write_bytes((REPO / "pyproject.toml").read_bytes())
+    output = subprocess.run(  # through sh, as RUN does, with this interpreter as `python`
+        ["sh", "-c", snippet.group(0)],
+        cwd=tmp_path,
+        env={"PATH": f"{BIN}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert output == [dep for dep in dependencies if not dep.startswith("flwr[")]
+    assert any(dep.startswith("flwr-datasets") for dep in output)  # not mistaken for flwr
+    run = re.search(r"^RUN (.*?[^\\])$", dockerfile, re.M | re.S).group(1)
+    assert subprocess.run(["sh", "-n"], input=run, text=True, check=False).returncode == 0
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_addresses_ports_and_partitions_agree(name):
+    config = services(name)
+    link = config["superlink"]
+    port = option(link, "--port")
+    assert option(link, "--host") == "0.0.0.0"
+    assert f"{port}:{port}" in [str(mapping) for mapping in link["ports"]]
+    assert option(config["superexec-serverapp"], "--runtime-api-address") == f"superlink:{port}"
+    assert set(config["superexec-serverapp"]["networks"]) & set(link["networks"])
+
+    nodes = supernodes(config)
+    assert len(nodes) >= 3
+    partitions = []
+    for node in nodes:
+        body, number = config[node], node.split("-")[1]
+        assert option(body, "--superlink") == f"superlink:{port}"
+        assert option(body, "--isolation") == "process"  # its ClientApps run in its SuperExec service
+        assert option(body, "--host") == "0.0.0.0"
+        assert set(body["networks"]) & set(link["networks"]), f"{node} cannot reach the SuperLink"
+        executor = config[f"superexec-clientapp-{number}"]
+        assert option(executor, "--runtime-api-address") == f"{node}:{option(body, '--port')}"
+        assert set(executor["networks"]) & set(body["networks"]), f"{node}'s SuperExec cannot reach it"
+        others = {net for other in nodes if other != node for net in config[other]["networks"]}
+        assert not set(executor["networks"]) & (others - set(body["networks"])), f"{node}'s site is not private"
+        node_config = dict(pair.split("=") for pair in option(body, "--node-config").split())
+        partitions.append(int(node_config["partition-id"]))
+        assert int(node_config["num-partitions"]) == len(nodes)
+    assert sorted(partitions) == list(range(len(nodes)))
+
+    declared = set(variant(name).get("networks", {}))
+    for service, body in config.items():
+        assert set(body.get("networks", [])) <= declared, service
+        assert set(body.get("depends_on", [])) <= set(config), service
+
+
+@pytest.fixture(scope="module")
+def made_by_scripts(tmp_path_factory) -> set[str]:
+    """Repository-relative paths that deploy/make-*.sh write (run into a scratch copy)."""
+    scratch = tmp_path_factory.mktemp("deploy")
+    subprocess.run([REPO / "deploy/make-certificates.sh", "-o", scratch / "certificates"], check=True, timeout=60)
+    nodes = supernodes(services("tls"))
+    subprocess.run([REPO / "deploy/make-supernode-keys.sh", "-o", scratch / "keys", *nodes], check=True, timeout=60)
+    return {f"deploy/{path.relative_to(scratch)}" for path in scratch.rglob("*") if path.is_file()}
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_every_mounted_volume_exists_or_is_made_by_a_deploy_script(name, made_by_scripts):
+    declared = set(variant(name).get("volumes", {}))
+    for service, body in services(name).items():
+        for volume in body.get("volumes", []):
+            source = str(volume).split(":")[0]
+            if not source.startswith((".", "/")):
+                assert source in declared, f"{service}: named volume {source} is not declared"
+                continue
+            relative = Path(source).as_posix().removeprefix("./")
+            assert not source.startswith("/"), f"{service}: {source} is outside the repository"
+            if (REPO / relative).exists():
+                continue
+            assert relative in made_by_scripts, f"{service}: {source} neither exists nor is made by deploy/*.sh"
+            assert (REPO / relative).parent.is_dir(), f"{service}: the folder of {source} is not in the repository"
+
+
+def test_tls_variant_leaves_nothing_insecure_between_superlink_and_supernodes(made_by_scripts, tmp_path):
+    config = services("tls")
+    link = config["superlink"]
+    for name in ["superlink", "superexec-serverapp", *supernodes(config)]:
+        assert "--insecure" not in command(config[name]), name
+    assert "--enable-supernode-auth" in command(link)
+    mounted = {str(v).split(":")[1]: str(v).split(":")[0] for v in link["volumes"]}
+    for flag, file in (
+        ("--ssl-ca-certfile", "ca.crt"),
+        ("--ssl-certfile", "server.crt"),
+        ("--ssl-keyfile", "server.key"),
+    ):
+        assert mounted[option(link, flag)] == f"./deploy/certificates/{file}"
+
+    keys = set()
+    for node in supernodes(config):
+        body = config[node]
+        mounted = {str(v).split(":")[1]: str(v).split(":")[0] for v in body["volumes"]}
+        assert mounted[option(body, "--root-certificates")] == "./deploy/certificates/ca.crt"
+        keys.add(mounted[option(body, "--auth-supernode-private-key")])
+        assert not any(src.endswith(("server.key", "ca.key")) for src in mounted.values()), f"{node} sees a secret"
+    assert keys == {f"./deploy/keys/{node}" for node in supernodes(config)}  # one key per node, its own
+
+    # The certificate made by the script names the SuperLink as the SuperNodes call it.
+    certificates = tmp_path / "certificates"
+    subprocess.run([REPO / "deploy/make-certificates.sh", "-o", certificates], check=True, timeout=60)
+    san = subprocess.run(
+        ["openssl", "x509", "-in", certificates / "server.crt", "-noout", "-ext", "subjectAltName"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    host = option(config[supernodes(config)[0]], "--superlink").split(":")[0]
+    assert f"DNS:{host}" in san and "IP Address:127.0.0.1" in san  # the `flwr` CLI on the Docker host
+    verify = ["openssl", "verify", "-CAfile", certificates / "ca.crt", certificates / "server.crt"]
+    assert subprocess.run(verify, capture_output=True, check=False).returncode == 0
+
+
+def test_certificate_script_puts_names_and_addresses_in_the_certificate(tmp_path):
+    script = REPO / "deploy/make-certificates.sh"
+    subprocess.run([script, "-o", tmp_path, "-n", "link.example.org", "-i", "10.9.8.7"], check=True, timeout=60)
+    san = subprocess.run(
+        ["openssl", "x509", "-in", tmp_path / "server.crt", "-noout", "-ext", "subjectAltName"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "DNS:link.example.org" in san and "IP Address:10.9.8.7" in san and "DNS:localhost" in san
+    assert oct((tmp_path / "server.key").stat().st_mode & 0o777) == "0o600"
+    bad = subprocess.run([script, "-o", tmp_path, "-i", "10.9.8"], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "-i expects an IPv4 or IPv6 address" in bad.stderr
+
+
+def test_gpu_variant_reserves_gpus_for_every_clientapp(made_by_scripts):
+    config = services("gpu")
+    for name in [*(f"superexec-clientapp-{n.split('-')[1]}" for n in supernodes(config)), "superexec-serverapp"]:
+        devices = config[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices), name
+        assert config[name]["build"]["args"]["TORCH_INDEX_URL"] == ""  # PyPI's CUDA wheels
+    simulation = config["superlink-simulation"]
+    assert simulation["profiles"] == ["simulation"] and cli_of(simulation) == "flower-superlink"
+    assert "--simulation" in command(simulation)
+    assert config["superlink"]["image"] == f"flwr/superlink:{FLOWER}"  # the GPU file leaves the SuperLink alone

@@ -1,0 +1,174 @@
+"""The app on a real multi-host federation: TLS, node authentication, failures.
+
+A SuperLink and three SuperNodes run as separate processes, each on its own
+host (a network namespace with its own address, see
+:mod:`virtual_federation`), and talk over 10.231.0.0/24, not loopback. TLS is
+on (a CA made by ``deploy/make-certificates.sh``), SuperNode authentication is
+on (keys from ``deploy/make-supernode-keys.sh``, registered with
+``flwr supernode register``), and the operator submits ``flwr run`` from a
+host of its own. Where namespaces are not permitted the same topology runs on
+127.0.0.1 and the test says so with a :class:`LoopbackFallbackWarning`.
+
+Order matters and pytest keeps it: the refused nodes first, then a complete
+run, then a run during which a SuperNode is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import warnings
+
+import pytest
+from virtual_federation import (
+    Federation,
+    VirtualNetwork,
+    namespaces_permitted,
+    plan_topology,
+)
+
+from fedweigh.results import read_metrics
+
+SUPERNODES = ["supernode-1", "supernode-2", "supernode-3"]
+STRANGER = "stranger"  # has a key, never registered
+NO_CA = "no-ca"  # registered, but does not trust the federation's CA
+RUN = {"strategy": "fedoui", "dataset": "digits", "seed": 2, "fraction-train": 1.0, "min-train-nodes": 2}
+RESULT_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "model.pt", "summary.json")
+
+
+class LoopbackFallbackWarning(UserWarning):
+    """Network namespaces were not permitted: the federation ran on 127.0.0.1."""
+
+
+def partition(index: int) -> dict[str, int]:
+    return {"partition-id": index, "num-partitions": len(SUPERNODES)}
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    permitted, why = namespaces_permitted()
+    if not permitted:
+        warnings.warn(
+            LoopbackFallbackWarning(
+                f"network namespaces are not permitted here ({why}); the deployment test runs the "
+                "same SuperLink/SuperNode topology on 127.0.0.1 instead of separate addresses"
+            ),
+            stacklevel=1,
+        )
+    topology = plan_topology([*SUPERNODES, STRANGER, NO_CA], isolated=permitted, tag=secrets.token_hex(3))
+    network = VirtualNetwork(topology)
+    fed = Federation(topology, tmp_path_factory.mktemp("deployment"))
+    try:
+        network.create()
+        fed.make_credentials([*SUPERNODES, STRANGER, NO_CA])
+        fed.start_superlink()
+        for name in [*SUPERNODES, NO_CA]:
+            fed.register(name)
+        for index, name in enumerate(SUPERNODES):
+            fed.start_supernode(name, name, partition(index))
+        for name in SUPERNODES:
+            fed.supernodes[name].wait_for(r"SuperNode ID: \d+", timeout=180)
+        yield fed
+    finally:
+        fed.stop()
+        leftovers = fed.leftovers()
+        undeleted = network.destroy()
+        assert not leftovers, f"processes left behind: {leftovers}"
+        assert not undeleted, f"namespaces left behind: {undeleted}"
+
+
+@pytest.fixture(scope="module")
+def output_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("deployment-outputs")
+
+
+def activations(fed: Federation, host: str) -> list[str]:
+    """HTTP statuses of the SuperLink's answers to ``host`` asking to activate as a node."""
+    address = re.escape(fed.topology.hosts[host].address)
+    pattern = rf'{address}:\d+ - "POST /v1/fleet/activate-node HTTP/1\.1" (\d+)'
+    return re.findall(pattern, fed.processes[0].text())
+
+
+def test_topology_is_planned_on_separate_addresses_or_on_loopback():
+    isolated = plan_topology(["a", "b"], isolated=True, tag="x1")
+    assert {h.address for h in isolated.hosts.values()} == {"10.231.0.1", "10.231.0.2", "10.231.0.10", "10.231.0.11"}
+    assert isolated.hosts["a"].wrap(["flwr", "ls"]) == ["ip", "netns", "exec", "fwx1-a", "flwr", "ls"]
+    assert isolated.superlink_address == "10.231.0.1:9093"
+    ports = iter(range(5000, 5010))
+    loopback = plan_topology(["a", "b"], isolated=False, tag="x1", port=lambda: next(ports))
+    assert {h.address for h in loopback.hosts.values()} == {"127.0.0.1"}
+    assert loopback.hosts["a"].wrap(["flwr"]) == ["flwr"] and loopback.switch is None
+    assert len({loopback.superlink_port, *loopback.runtime_ports.values()}) == 3  # no two listeners share a port
+    with pytest.raises(ValueError, match="unique"):
+        plan_topology(["operator"], isolated=True, tag="x1")
+
+
+def test_federation_is_up_with_tls_and_every_node_authenticated(federation):
+    superlink = federation.processes[0].text()
+    assert f"Uvicorn running on https://{federation.topology.superlink_address}" in superlink
+    states = federation.node_states()
+    assert [states[federation.node_ids[name]] for name in SUPERNODES] == ["online"] * 3
+    answers = {name: activations(federation, name) for name in SUPERNODES}
+    if federation.topology.isolated:  # each node reached the SuperLink from its own address
+        assert answers == dict.fromkeys(SUPERNODES, ["200"])
+    else:  # on loopback they all come from 127.0.0.1
+        assert answers["supernode-1"] == ["200"] * len(SUPERNODES)
+
+
+def test_unregistered_supernode_is_refused(federation):
+    before = len(activations(federation, STRANGER))
+    stranger = federation.start_supernode(STRANGER, STRANGER, partition(0))  # claims partition 0
+    assert stranger.wait_exit(timeout=120) != 0
+    log = stranger.text()
+    assert "Failed to initialize the connection to the SuperLink" in log
+    assert "Failed to activate SuperNode" in log
+    assert activations(federation, STRANGER)[before:] == ["412"]  # 412 Precondition Failed
+    assert len(federation.node_states()) == len(SUPERNODES) + 1  # the stranger is nobody's node
+
+
+def test_supernode_without_the_ca_is_refused(federation):
+    before = len(activations(federation, NO_CA))
+    no_ca = federation.start_supernode(NO_CA, NO_CA, partition(1), trust_ca=False)
+    assert no_ca.wait_exit(timeout=120) != 0
+    log = no_ca.text()
+    assert "SSL/TLS handshake error detected" in log and "CERTIFICATE_VERIFY_FAILED" in log
+    assert len(activations(federation, NO_CA)) == before  # never got past the handshake
+    assert federation.node_states()[federation.node_ids[NO_CA]] == "registered"  # never online
+
+
+def test_fedoui_trains_three_rounds_across_the_hosts(federation, output_dir):
+    run = federation.submit({**RUN, "num-server-rounds": 3, "output-dir": str(output_dir), "run-name": "tls"}, "tls")
+    federation.finish(run, timeout=480)
+    assert run.status == "finished:completed", f"{run.status} {run.details}\n{run.process.tail(40)}"
+
+    folder = output_dir / "tls"
+    assert all((folder / name).is_file() for name in RESULT_FILES), sorted(p.name for p in folder.iterdir())
+    rows = read_metrics(folder)
+    assert [row["round"] for row in rows] == [1, 2, 3]
+    assert all(row["aggregated"] and row["left_out"] == {} for row in rows)
+    assert all(sorted(client["partition"] for client in row["clients"]) == [0, 1, 2] for row in rows)
+    assert all("oui" in client for row in rows for client in row["clients"])
+    assert rows[-1]["accuracy"] > rows[0]["accuracy"] and rows[-1]["accuracy"] > 0.5  # chance is 0.1
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["rounds"] == 3 and summary["final_accuracy"] == rows[-1]["accuracy"]
+    assert "[fedweigh] done: final accuracy" in run.log
+
+
+def test_run_completes_when_a_supernode_is_killed_mid_round(federation, output_dir):
+    victim = federation.supernodes["supernode-3"]  # holds partition 2
+    before = len(victim.text())
+    run = federation.submit({**RUN, "num-server-rounds": 2, "output-dir": str(output_dir), "run-name": "kill"}, "kill")
+    victim.wait_for(r"Receiving: train message", timeout=300, since=before)
+    killed = victim.crash()  # SuperNode, its SuperExec and the ClientApp at work: a host gone
+    federation.finish(run, timeout=480)
+    assert run.status == "finished:completed", f"{run.status} {run.details}\n{run.process.tail(40)}"
+    assert len(killed) >= 2
+
+    first, second = read_metrics(output_dir / "kill")
+    assert first["sampled"] == [0, 1, 2] and set(first["left_out"]) == {"2"}
+    assert "left the federation" in first["left_out"]["2"]
+    assert sorted(client["partition"] for client in first["clients"]) == [0, 1] and first["aggregated"]
+    assert second["sampled"] == [0, 1] and second["left_out"] == {} and second["aggregated"]
+    assert re.search(r"round 1: left out node \d+: the node left the federation", run.log)
+    assert federation.node_states()[federation.node_ids["supernode-3"]] == "offline"
