@@ -34,9 +34,9 @@ FILES = {"base": "docker-compose.yml", "tls": "docker-compose.tls.yml", "gpu": "
 VARIANTS = {"base": ["base"], "tls": ["base", "tls"], "gpu": ["base", "gpu"], "tls+gpu": ["base", "tls", "gpu"]}
 FLOWER_IMAGES = {"flwr/superlink": "flower-superlink", "flwr/supernode": "flower-supernode"}
 _VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
-# Compose merges these by replacing the whole value, not item by item.
-_REPLACED = {"command", "entrypoint"}
-_MERGED_BY_TARGET = {"volumes", "ports"}
+# Compose merges an overlay's volumes into the base's by container path; command
+# and entrypoint it replaces whole. (Ports it appends, so overlays here add none.)
+_MERGED_BY_TARGET = {"volumes"}
 
 
 # --------------------------------------------------------------------------------------
@@ -170,6 +170,8 @@ def test_compose_file_parses_and_overlays_only_known_services(name):
     base = load("base")["services"]
     for service, body in config["services"].items():
         assert service in base or body.get("profiles"), f"{FILES[name]}: {service} is not in docker-compose.yml"
+        if name != "base" and service in base:
+            assert "ports" not in body, f"{FILES[name]}: {service} would publish its port twice"
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -235,7 +237,10 @@ def test_addresses_ports_and_partitions_agree(name):
     link = config["superlink"]
     port = option(link, "--port")
     assert option(link, "--host") == "0.0.0.0"
-    assert f"{port}:{port}" in [str(mapping) for mapping in link["ports"]]
+    published = [str(mapping) for mapping in link["ports"]]
+    assert len(published) == 1 and published[0].endswith(f"{port}:{port}"), published
+    if "--insecure" in command(link):  # without TLS, only this machine may reach it
+        assert published[0].startswith("127.0.0.1:"), published
     assert option(config["superexec-serverapp"], "--runtime-api-address") == f"superlink:{port}"
     assert set(config["superexec-serverapp"]["networks"]) & set(link["networks"])
 

@@ -233,8 +233,8 @@ class FlowerProcess:
 
     def crash(self) -> list[int]:
         """SIGKILL the process and all it started, as a power cut would; returns the pids."""
-        self.tree.refresh()
-        victims = sorted({self.tree.root, *self.tree.known})
+        table = self.tree.refresh()
+        victims = sorted(ProcessTree._living({self.tree.root, *self.tree.known}, table))  # pid and start time
         for pid, _ in victims:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)

@@ -94,7 +94,7 @@ def render_table(name: str, report: dict[str, Any]) -> str:
             ]
             for r in report["strategies"]
         ]
-        header = ["strategy", "round s", "client train s/round", "vs FedAvg", "extra s/round", "final acc", "status"]
+        header = ["strategy", "round s", "local training s/round", "vs FedAvg", "extra s/round", "final acc", "status"]
         return f"setting: {report['setting']}\n\n" + markdown_table(header, rows)
     if name == "scale":
         rows = [
@@ -105,12 +105,23 @@ def render_table(name: str, report: dict[str, Any]) -> str:
                 r.get("peak_processes", "–"),
                 _fmt(r.get("round_seconds")),
                 _fmt(r.get("startup_seconds"), 1),
+                _fmt(r.get("node_query_seconds"), 1),
                 _fmt(r.get("partition_check_seconds")),
                 r["status"],
             ]
             for r in report["clients"]
         ]
-        header = ["clients", "per round", "peak RSS MB", "processes", "round s", "start-up s", "data check s", "status"]
+        header = [
+            "clients",
+            "per round",
+            "peak RSS MB",
+            "processes",
+            "round s",
+            "start-up s",
+            "node query s",
+            "data check s",
+            "status",
+        ]
         return markdown_table(header, rows)
     if name == "aggregation":
         rows = [
@@ -123,7 +134,7 @@ def render_table(name: str, report: dict[str, Any]) -> str:
                 _fmt(r["arrays_flower_s"], 3),
                 f"{r['arrays_speedup']:.2f}x",
                 _fmt(r["arithmetic_fedweigh_s"], 3),
-                _fmt(r["arithmetic_flower_s_estimated"], 3),
+                _fmt(r["arithmetic_flower_s"], 3),
                 f"{_fmt(r['strategy_extra_peak_mb_fedweigh'], 0)} / {_fmt(r['strategy_extra_peak_mb_flower'], 0)}",
             ]
             for r in report["summary"]
@@ -137,7 +148,7 @@ def render_table(name: str, report: dict[str, Any]) -> str:
             "Flower s",
             "speed-up",
             "arithmetic: fedweigh s",
-            "Flower s (est.)",
+            "Flower pattern s",
             "extra peak MB fedweigh / Flower",
         ]
         parameters = report["cases"][0]["parameters"] if report["cases"] else 0

@@ -226,6 +226,7 @@ _MARKS = {
     "done": re.compile(r"\[fedweigh\] done:"),
 }
 _ROUND = re.compile(r"\[fedweigh\] round (\d+)/(\d+)")
+_NODE_QUERY = re.compile(r"\[fedweigh\] asked (\d+) nodes for their partition in ([0-9.]+)s")
 
 
 @dataclass
@@ -239,6 +240,7 @@ class TimedRun:
     round_marks: dict[int, float] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)
+    node_queries: list[tuple[int, float]] = field(default_factory=list)  # (nodes asked, seconds)
 
     @property
     def ok(self) -> bool:
@@ -286,6 +288,7 @@ def run_timed(
 
     marks: dict[str, float] = {}
     rounds: dict[int, float] = {}
+    queries: list[tuple[int, float]] = []
     started = time.monotonic()
 
     def watch(line: str) -> None:
@@ -295,6 +298,8 @@ def run_timed(
                 marks[name] = now
         if match := _ROUND.search(line):
             rounds[int(match.group(1))] = now
+        if match := _NODE_QUERY.search(line):
+            queries.append((int(match.group(1)), float(match.group(2))))
         if on_line is not None:
             on_line(line)
 
@@ -303,7 +308,7 @@ def run_timed(
     )
     wall = outcome.timings.get("total_s", time.monotonic() - started)
     rows = read_metrics(outcome.results_dir) if outcome.results_dir and outcome.results_dir.exists() else []
-    return TimedRun(outcome.status, outcome.results_dir, wall, marks, rounds, dict(outcome.timings), rows)
+    return TimedRun(outcome.status, outcome.results_dir, wall, marks, rounds, dict(outcome.timings), rows, queries)
 
 
 # --------------------------------------------------------------------------- reports

@@ -105,10 +105,14 @@ class NodeDirectory:
             time.sleep(0.2)
 
     def _learn(self, grid: Grid, node_ids: list[int]) -> None:
+        started = time.monotonic()
         messages = [
             Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=node) for node in node_ids
         ]
-        for reply in grid.send_and_receive(messages, timeout=self.query_timeout):
+        replies = list(grid.send_and_receive(messages, timeout=self.query_timeout))
+        # One message per new node: a start-up cost that grows with the federation (see docs/benchmarks.md).
+        logger.info("[fedweigh] asked %d nodes for their partition in %.2fs", len(node_ids), time.monotonic() - started)
+        for reply in replies:
             node = reply.metadata.src_node_id
             if reply.has_error():
                 logger.warning("node %d did not describe itself: %s", node, reply.error.reason)
