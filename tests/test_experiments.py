@@ -277,8 +277,17 @@ def fedoui_clients(round_number):
     rng = np.random.default_rng(round_number)
     ouis = rng.uniform(0.1, 0.4, size=3)
     return [
-        {"partition": p, "weight": w, "num_examples": 10, "oui": float(o), "u-p50": 0.1 * round_number,
-         "u-p90": 0.2, "u-p95": 0.3, "u-p99": 0.5, "energy": float(o) * 3}
+        {
+            "partition": p,
+            "weight": w,
+            "num_examples": 10,
+            "oui": float(o),
+            "u-p50": 0.1 * round_number,
+            "u-p90": 0.2,
+            "u-p95": 0.3,
+            "u-p99": 0.5,
+            "energy": float(o) * 3,
+        }
         for p, w, o in zip((0, 2, 3), (0.2, 0.3, 0.5), ouis, strict=True)
     ]
 
@@ -355,9 +364,7 @@ def simulation(tmp_path_factory):
 def test_a_tiny_real_grid_end_to_end(simulation, tmp_path):
     experiment = load_experiment(REPO / "experiments" / "smoke_digits.toml", DEFAULTS)
     out = io.StringIO()
-    outcome = run_experiment(
-        experiment, tmp_path, REPO, DEFAULTS, port=simulation.port, out=out, simulation=simulation
-    )
+    outcome = run_experiment(experiment, tmp_path, REPO, DEFAULTS, port=simulation.port, out=out, simulation=simulation)
     assert outcome.failed == () and [plan.action for plan in outcome.plans] == [Action.START, Action.START]
     assert "runs 2/2 done" in out.getvalue() and "fedoui-seed1: round 2/2" in out.getvalue()
     with (tmp_path / "results.csv").open() as handle:
@@ -374,6 +381,7 @@ def test_a_tiny_real_grid_end_to_end(simulation, tmp_path):
     assert (tmp_path / "logs" / "fedavg-seed1.log").stat().st_size > 0
     assert (tmp_path / "runs" / "fedavg-seed1" / RUN_RECORD_FILE).is_file()
 
-    again = run_experiment(experiment, tmp_path, REPO, DEFAULTS, port=simulation.port, out=io.StringIO(),
-                           simulation=simulation)
+    again = run_experiment(
+        experiment, tmp_path, REPO, DEFAULTS, port=simulation.port, out=io.StringIO(), simulation=simulation
+    )
     assert [plan.action for plan in again.plans] == [Action.SKIP, Action.SKIP]  # nothing runs twice

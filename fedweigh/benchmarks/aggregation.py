@@ -94,7 +94,11 @@ def _replies(k: int, model: str) -> tuple[list[Any], Any]:
             message_type="train",
         )
         metrics = MetricRecord(
-            {"num-examples": int(rng.integers(50, 500)), "train_loss": float(rng.uniform(0.5, 2.0)), "partition-id": node}
+            {
+                "num-examples": int(rng.integers(50, 500)),
+                "train_loss": float(rng.uniform(0.5, 2.0)),
+                "partition-id": node,
+            }
         )
         content = RecordDict({"arrays": records[(node - 1) % len(records)], "metrics": metrics})
         replies.append(make_message(metadata=metadata, content=content))

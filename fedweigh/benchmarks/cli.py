@@ -28,8 +28,7 @@ def add_benchmark_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "benchmark",
         help="measure the cost of federation, of each method, of scale and of aggregation",
-        description="Run benchmarks (not tests) and write a JSON report and a markdown table; "
-        "see docs/benchmarks.md.",
+        description="Run benchmarks (not tests) and write a JSON report and a markdown table; see docs/benchmarks.md.",
     )
     parser.add_argument("name", choices=[*BENCHMARKS, "all"], help="which benchmark")
     parser.add_argument("--quick", action="store_true", help="a smaller version (fewer rounds and cases)")
@@ -101,7 +100,7 @@ def render_table(name: str, report: dict[str, Any]) -> str:
             [
                 r["clients"],
                 r.get("per_round", "–"),
-                _fmt(r.get("peak_rss_mb"), 0),
+                _fmt(r.get("peak_pss_mb"), 0),
                 r.get("peak_processes", "–"),
                 _fmt(r.get("round_seconds")),
                 _fmt(r.get("startup_seconds"), 1),
@@ -114,7 +113,7 @@ def render_table(name: str, report: dict[str, Any]) -> str:
         header = [
             "clients",
             "per round",
-            "peak RSS MB",
+            "peak memory (PSS) MB",
             "processes",
             "round s",
             "start-up s",
@@ -209,9 +208,7 @@ _RUNNERS: dict[str, Callable[[bool, Any, list[str] | None], dict[str, Any]]] = {
 _NEEDS_SIMULATION = {"overhead", "methods", "scale"}
 
 
-def run_benchmark(
-    name: str, *, quick: bool, sim: Any = None, strategies: list[str] | None = None
-) -> dict[str, Any]:
+def run_benchmark(name: str, *, quick: bool, sim: Any = None, strategies: list[str] | None = None) -> dict[str, Any]:
     """Run one benchmark; returns its report (with the machine it ran on)."""
     from fedweigh.benchmarks.common import machine_description
 

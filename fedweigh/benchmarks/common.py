@@ -40,8 +40,9 @@ __all__ = [
     "fedoui_cifar10",
     "machine_description",
     "markdown_table",
+    "parse_node_query",
     "run_timed",
-    "tree_rss_bytes",
+    "tree_memory_bytes",
 ]
 
 APP_DIR = Path(__file__).resolve().parents[2]
@@ -147,40 +148,50 @@ def digits_small(rounds: int = 3) -> Setting:
 # --------------------------------------------------------------------------- memory
 
 
-def _rss_and_children() -> tuple[dict[int, int], dict[int, list[int]]]:
-    rss: dict[int, int] = {}
+def _process_children() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
-    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
-            statm = (entry / "statm").read_text().split()
         except OSError:
             continue
-        rest = stat[stat.rfind(")") + 2 :].split()
-        pid = int(entry.name)
-        children.setdefault(int(rest[1]), []).append(pid)
-        rss[pid] = int(statm[1]) * page
-    return rss, children
+        children.setdefault(int(stat[stat.rfind(")") + 2 :].split()[1]), []).append(int(entry.name))
+    return children
 
 
-def tree_rss_bytes(root: int) -> tuple[int, int]:
-    """``(summed RSS in bytes, process count)`` of ``root`` and everything below it (Linux)."""
-    rss, children = _rss_and_children()
+def _pss_bytes(pid: int) -> int:
+    """Proportional set size: shared pages (libraries, Ray's object store) split among their users."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def tree_memory_bytes(root: int) -> tuple[int, int]:
+    """``(summed PSS in bytes, process count)`` of ``root`` and everything below it (Linux).
+
+    PSS, not RSS: summing RSS would count every shared page (torch's libraries,
+    Ray's shared object store) once per process that maps it.
+    """
+    children = _process_children()
     total, count, stack = 0, 0, [root]
     while stack:
         pid = stack.pop()
-        if pid in rss:
-            total += rss[pid]
+        memory = _pss_bytes(pid)
+        if memory:
+            total += memory
             count += 1
         stack.extend(children.get(pid, []))
     return total, count
 
 
 class MemorySampler:
-    """Samples the summed RSS of a process tree every ``interval`` seconds, in a thread.
+    """Samples the summed PSS of a process tree every ``interval`` seconds, in a thread.
 
     The peak of the samples is a lower bound of the true peak (a spike shorter
     than the interval can be missed).
@@ -196,7 +207,7 @@ class MemorySampler:
     def _loop(self) -> None:
         while not self._stop.is_set():
             if Path("/proc").is_dir():
-                total, count = tree_rss_bytes(self.root)
+                total, count = tree_memory_bytes(self.root)
                 self.samples.append((time.monotonic(), total, count))
             self._stop.wait(self.interval)
 
@@ -227,6 +238,12 @@ _MARKS = {
 }
 _ROUND = re.compile(r"\[fedweigh\] round (\d+)/(\d+)")
 _NODE_QUERY = re.compile(r"\[fedweigh\] asked (\d+) nodes for their partition in ([0-9.]+)s")
+
+
+def parse_node_query(line: str) -> tuple[int, float] | None:
+    """``(nodes, seconds)`` from the ServerApp's log line about its node query; None otherwise."""
+    match = _NODE_QUERY.search(line)
+    return (int(match.group(1)), float(match.group(2))) if match else None
 
 
 @dataclass
@@ -298,8 +315,8 @@ def run_timed(
                 marks[name] = now
         if match := _ROUND.search(line):
             rounds[int(match.group(1))] = now
-        if match := _NODE_QUERY.search(line):
-            queries.append((int(match.group(1)), float(match.group(2))))
+        if (query := parse_node_query(line)) is not None:
+            queries.append(query)
         if on_line is not None:
             on_line(line)
 

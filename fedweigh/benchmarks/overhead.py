@@ -122,7 +122,9 @@ def federation_overhead(setting: Setting, sim: Any, output_dir: Path | None = No
         "train_seconds_per_round_bare": [round(s, 3) for s in bare_train],
         "simulation_phases": phases,
         "bare_phases": {
-            "process_start_and_imports": round(bare["process_seconds"] - bare["setup_seconds"] - bare["loop_seconds"], 3),
+            "process_start_and_imports": round(
+                bare["process_seconds"] - bare["setup_seconds"] - bare["loop_seconds"], 3
+            ),
             "data_and_model_setup": round(bare["setup_seconds"], 3),
             "rounds": round(bare["loop_seconds"], 3),
         },

@@ -7,7 +7,7 @@ federation's own cost: the simulation engine's per-node bookkeeping, the
 one-time query that tells the server each node's partition
 (:class:`~fedweigh.strategies.sampling.NodeDirectory`), and memory.
 
-Measured: the peak summed RSS of the SuperLink's process tree (SuperLink,
+Measured: the peak summed PSS (proportional set size) of the SuperLink's process tree (SuperLink,
 SuperExec, the simulation process, Ray and its actors) while the run goes,
 the mean round time (rounds 2..T), and the start-up from the simulation
 process start to the server being ready (which holds the node query and
@@ -51,9 +51,9 @@ def scale_setting(num_clients: int, per_round: int = 10, samples_per_client: int
 
 def time_partition_check(setting: Setting) -> float:
     """Seconds the ServerApp's data check (partition sizes of every client) takes, in this process."""
+    from fedweigh.benchmarks.common import APP_DIR
     from fedweigh.components import data_spec
     from fedweigh.data.federated import clear_caches, partition_sizes
-    from fedweigh.benchmarks.common import APP_DIR
     from fedweigh.launch import load_app_config
     from fedweigh.settings import parse_settings
 
@@ -66,7 +66,9 @@ def time_partition_check(setting: Setting) -> float:
     return seconds
 
 
-def scale(sim: Any, sizes: tuple[int, ...] = (100, 1000), rounds: int = 4, output_dir: Path | None = None) -> dict[str, Any]:
+def scale(
+    sim: Any, sizes: tuple[int, ...] = (100, 1000), rounds: int = 4, output_dir: Path | None = None
+) -> dict[str, Any]:
     """Run the same per-round work with each number of clients; memory and time per size."""
     if sim.process is None:
         raise RuntimeError("the scale benchmark needs a SuperLink it started itself (to measure its processes)")
@@ -88,7 +90,7 @@ def scale(sim: Any, sizes: tuple[int, ...] = (100, 1000), rounds: int = 4, outpu
                     "clients": size,
                     "status": "ok",
                     "per_round": int(len(timed.rows[0]["sampled"])) if timed.rows else None,
-                    "peak_rss_mb": round(memory.peak_between(started) / 2**20, 1),
+                    "peak_pss_mb": round(memory.peak_between(started) / 2**20, 1),
                     "peak_processes": max((n for _, _, n in memory.samples), default=0),
                     "round_seconds": round(float(np.mean(rounds_seconds[1:] or rounds_seconds)), 3),
                     "rounds": [round(r, 3) for r in rounds_seconds],

@@ -36,17 +36,19 @@ from __future__ import annotations
 import functools
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import datasets
 import numpy as np
 import torch
-from flwr_datasets import FederatedDataset
-from flwr_datasets.partitioner import Partitioner
 
 from fedweigh.data.partition_edits import PartitionEdits, edit_partitions
 from fedweigh.data.partitioning import PARTITIONERS, build_partitioner
 from fedweigh.data.sources import DatasetInfo, describe, load_digits, resolve_source, validate_dataset_setting
 from fedweigh.data.tensors import ImageTensors, decode_images, decode_labels, to_image_tensors
+
+if TYPE_CHECKING:
+    from flwr_datasets.partitioner import Partitioner
 
 # One lock for all the caches: a second thread asking for the same data waits
 # for the first to finish loading it instead of loading it again.
@@ -205,6 +207,8 @@ def _federation(spec: DataSpec) -> _Federation:
         splits = subsets(load_digits().shuffle(seed=spec.seed))
         partitioner.dataset = splits["train"]
         return _Federation(partitioner, splits["test"])
+    from flwr_datasets import FederatedDataset  # lazily, like the partitioners (see build_partitioner)
+
     federated = FederatedDataset(
         **source.loader_arguments(),
         partitioners={"train": partitioner},

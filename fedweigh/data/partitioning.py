@@ -33,13 +33,10 @@ Example
 
 from __future__ import annotations
 
-from flwr_datasets.partitioner import (
-    DirichletPartitioner,
-    IidPartitioner,
-    Partitioner,
-    PathologicalPartitioner,
-    ShardPartitioner,
-)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flwr_datasets.partitioner import Partitioner
 
 PARTITIONERS = ("iid", "dirichlet", "pathological", "shard")
 """Accepted values of the ``partitioner`` setting."""
@@ -96,6 +93,16 @@ def build_partitioner(
         raise ValueError(f"invalid setting partitioner = {kind!r}; accepted: {', '.join(PARTITIONERS)}")
     if num_partitions < 1:
         raise ValueError(f"num_partitions must be at least 1, got {num_partitions}")
+    # Imported here, not at module level: importing any part of flwr_datasets
+    # runs its package __init__, which imports matplotlib, seaborn and
+    # scipy.stats (over a second) for its plotting helpers.
+    from flwr_datasets.partitioner import (
+        DirichletPartitioner,
+        IidPartitioner,
+        PathologicalPartitioner,
+        ShardPartitioner,
+    )
+
     if kind == "iid":
         return IidPartitioner(num_partitions=num_partitions)
     if kind == "dirichlet":

@@ -19,12 +19,15 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import datasets
 import numpy as np
 import pyarrow as pa
 import torch
-from torchvision.io import ImageReadMode, decode_image
+
+if TYPE_CHECKING:
+    from torchvision.io import ImageReadMode
 
 IndexLike = Sequence[int] | np.ndarray | torch.Tensor
 
@@ -132,6 +135,7 @@ def _match_channels(images: torch.Tensor, channels: int | None) -> torch.Tensor:
 
 def _decode_with_pil(payload: bytes, mode: ImageReadMode) -> torch.Tensor:
     from PIL import Image
+    from torchvision.io import ImageReadMode
 
     with Image.open(io.BytesIO(payload)) as image:
         if mode == ImageReadMode.UNCHANGED:
@@ -146,6 +150,8 @@ def _decode_with_pil(payload: bytes, mode: ImageReadMode) -> torch.Tensor:
 
 def _decode_one(payload: bytes, mode: ImageReadMode) -> torch.Tensor:
     """One encoded image as ``uint8 [C, H, W]``; torchvision first, Pillow as fallback."""
+    from torchvision.io import decode_image
+
     try:
         image = decode_image(torch.frombuffer(bytearray(payload), dtype=torch.uint8), mode=mode)
     except (RuntimeError, ValueError):
@@ -174,6 +180,10 @@ def _payloads(table: pa.Table, column: str) -> list[bytes]:
 def _decode_encoded(
     dataset: datasets.Dataset, column: str, channels: int | None, image_size: int | None
 ) -> torch.Tensor:
+    # Imported here, not at module level: torchvision.io imports all of
+    # torchvision (about a second), which only encoded images need.
+    from torchvision.io import ImageReadMode
+
     rows = dataset.select_columns([column]).with_format("arrow")
     out: torch.Tensor | None = None
     mode = ImageReadMode.UNCHANGED

@@ -26,7 +26,9 @@ def parse_seeds(text: str) -> list[int]:
     try:
         seeds = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--seeds = {text!r}: accepted: comma-separated integers, e.g. 1,2,3") from None
+        raise argparse.ArgumentTypeError(
+            f"--seeds = {text!r}: accepted: comma-separated integers, e.g. 1,2,3"
+        ) from None
     if not seeds:
         raise argparse.ArgumentTypeError(f"--seeds = {text!r}: accepted: comma-separated integers, e.g. 1,2,3")
     return seeds

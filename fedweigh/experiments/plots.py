@@ -295,7 +295,9 @@ def draw_all(experiment: Experiment, results: Sequence[RunResult], plots_dir: Pa
         if not runs:
             continue
         name = _safe(arm.name)
-        drawn.append(plot_weights(runs[0], plots_dir / f"weights-{name}.png", experiment.spec.experiment.num_supernodes))
+        drawn.append(
+            plot_weights(runs[0], plots_dir / f"weights-{name}.png", experiment.spec.experiment.num_supernodes)
+        )
         client_keys, diagnostic_keys = signal_keys(runs, _required_signals(experiment.arm_configs[arm.name]))
         covered: set[str] = set()
         if any(k in client_keys for k in OUI_KEYS):

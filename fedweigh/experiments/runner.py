@@ -235,10 +235,15 @@ def run_experiment(
     spec = experiment.spec.experiment
     if todo:
         own = simulation is None
-        sim = simulation or LocalSimulation(app_dir, port=port, connection=f"{DEFAULT_CONNECTION}-{port}", out=out)
-        if own:
-            sim.start()
+        # The launcher's own messages (SuperLink start, each `flwr run` command) go to a log
+        # file, so that the progress line stays alone on the terminal.
+        launcher_log = (logs / "launcher.log").open("a", encoding="utf-8")  # noqa: SIM115
+        connection = f"{DEFAULT_CONNECTION}-{port}"
+        sim = simulation or LocalSimulation(app_dir, port=port, connection=connection, out=launcher_log)
+        out.write(f"[experiment] {len(todo)} run(s) to go; Flower's logs go to {logs}\n")
         try:
+            if own:
+                sim.start()
             for plan in todo:
                 progress.start_run(plan)
                 started, started_at = time.monotonic(), datetime.now(UTC).isoformat(timespec="seconds")
@@ -279,5 +284,6 @@ def run_experiment(
         finally:
             if own:
                 sim.stop()
+            launcher_log.close()
     report = write_report(experiment, runs, output_dir)
     return GridOutcome(tuple(plans), tuple(failed), report)

@@ -48,18 +48,25 @@ from torch import nn
 from fedweigh.models.cnn import FashionCNN, FedOUICNN
 from fedweigh.models.lenet import LeNet5BN
 from fedweigh.models.mlp import DigitsMLP
-from fedweigh.models.resnet import resnet8, resnet18
 from fedweigh.models.vgg import VGG9
+
+# The ResNet adapters import fedweigh.models.resnet when called, not here: it
+# builds on torchvision, whose import costs about a second in every process
+# that imports this registry (each ClientApp process, for one), ResNet or not.
 
 
 def _build_resnet8(num_classes: int, in_channels: int, image_size: int, *, width: int = 128) -> nn.Module:
-    """Registry adapter for :func:`resnet8`; ``image_size`` is not needed."""
+    """Registry adapter for :func:`~fedweigh.models.resnet.resnet8`; ``image_size`` is not needed."""
+    from fedweigh.models.resnet import resnet8
+
     del image_size  # global average pooling accepts any size
     return resnet8(num_classes=num_classes, in_channels=in_channels, width=width)
 
 
 def _build_resnet18(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
-    """Registry adapter for :func:`resnet18`; ``image_size`` is not needed."""
+    """Registry adapter for :func:`~fedweigh.models.resnet.resnet18`; ``image_size`` is not needed."""
+    from fedweigh.models.resnet import resnet18
+
     del image_size  # global average pooling accepts any size
     return resnet18(num_classes=num_classes, in_channels=in_channels)
 

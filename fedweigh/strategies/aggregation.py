@@ -141,7 +141,7 @@ def all_finite(arrays: NamedArrays) -> bool:
     """
     for value in arrays.values():
         value = np.asarray(value)
-        if np.issubdtype(value.dtype, np.floating) and value.size:
-            if not (np.isfinite(value.min()) and np.isfinite(value.max())):
-                return False
+        floating = np.issubdtype(value.dtype, np.floating) and value.size
+        if floating and not (np.isfinite(value.min()) and np.isfinite(value.max())):
+            return False
     return True

@@ -49,7 +49,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
-from scipy import stats
 from torch import nn
 
 from fedweigh.client.steps import ClientStep, Metrics, StepContext, register_step, with_steps
@@ -214,6 +213,10 @@ def beta_mle(values: np.ndarray) -> tuple[float, float] | None:
         ``(alpha, beta)``, or None when there are fewer than two values, the
         solver fails, or a shape is not finite and positive.
     """
+    # scipy.stats is imported in the functions that use it, not at module
+    # level: it costs most of a second, and only the server rule needs it.
+    from scipy import stats
+
     values = np.asarray(values, dtype=np.float64)
     if values.size < 2:
         return None
@@ -263,6 +266,8 @@ def bilateral_scores(ouis: np.ndarray, alpha: float, beta: float, *, cdf_clip: f
     >>> bilateral_scores(np.array([0.5]), 2.0, 2.0).tolist()
     [1.0]
     """
+    from scipy import stats
+
     cdf = stats.beta.cdf(np.clip(np.asarray(ouis, dtype=np.float64), cdf_clip, 1.0 - cdf_clip), alpha, beta)
     return 2.0 * np.minimum(cdf, 1.0 - cdf)
 
@@ -275,6 +280,8 @@ def rank_percentile_scores(ouis: np.ndarray) -> np.ndarray:
     >>> rank_percentile_scores(np.array([0.1, 0.2, 0.3])).tolist()
     [0.5, 1.0, 0.5]
     """
+    from scipy import stats
+
     ouis = np.asarray(ouis, dtype=np.float64)
     percentiles = stats.rankdata(ouis, method="average") / (ouis.size + 1)
     return 2.0 * np.minimum(percentiles, 1.0 - percentiles)

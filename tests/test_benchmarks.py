@@ -1,0 +1,89 @@
+"""Benchmark code paths on toy inputs (no timing is asserted), and the zero-copy decoding they measure."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import REPO
+from flwr.app import Array, ArrayRecord
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from fedweigh.benchmarks.aggregation import run_case
+from fedweigh.benchmarks.bare import bare_federated_run
+from fedweigh.benchmarks.cli import render_table
+from fedweigh.benchmarks.common import markdown_table, parse_node_query
+from fedweigh.launch import load_app_config
+from fedweigh.strategies.aggregation import all_finite, array_view, decode, weighted_average
+
+DTYPES = st.sampled_from([np.float32, np.float64, np.float16, np.int64, np.int32, np.uint8, np.bool_])
+
+
+@given(hnp.arrays(DTYPES, hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5)), st.booleans())
+def test_array_view_reads_what_flower_decodes(values, fortran):
+    if fortran:
+        values = np.asfortranarray(values)
+    array = Array(values)
+    view = array_view(array)
+    expected = array.numpy()
+    assert view.dtype == expected.dtype and view.shape == expected.shape
+    assert np.array_equal(view, expected, equal_nan=np.issubdtype(view.dtype, np.floating))
+
+
+def test_decoded_arrays_are_read_only_views_of_the_record():
+    record = ArrayRecord({"w": Array(np.arange(1000, dtype=np.float32))})
+    decoded = decode(record)["w"]
+    assert not decoded.flags.writeable and not decoded.flags.owndata
+    with pytest.raises(ValueError, match="read-only"):
+        decoded[0] = 1.0
+    average = weighted_average([decode(record), decode(record)], np.array([0.5, 0.5]))
+    assert average["w"].flags.writeable and np.array_equal(average["w"], np.arange(1000, dtype=np.float32))
+
+
+@given(hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=3, max_side=6), elements=st.floats(width=32)))
+def test_all_finite_agrees_with_isfinite(values):
+    assert all_finite({"w": values, "n": np.array(3)}) == bool(np.isfinite(values).all())
+
+
+def test_aggregation_case_runs_on_a_small_model():
+    for side in ("fedweigh", "flower"):
+        result = run_case(3, side, "strategy", repeat=1, model="mlp")
+        assert result["k"] == 3 and len(result["seconds"]) == 1 and result["parameters"] > 0
+
+
+def test_bare_loop_trains_and_evaluates_every_round():
+    config = {**load_app_config(REPO), "num-server-rounds": 2, "partitioner": "iid", "output-dir": "unused"}
+    result = bare_federated_run(config, num_partitions=4)
+    assert len(result["accuracies"]) == 2 and all(0.0 < a <= 1.0 for a in result["accuracies"])
+    assert all(r["train_seconds"] > 0 and r["evaluate_seconds"] > 0 for r in result["rounds"])
+
+
+def test_tables_render_every_benchmark_report():
+    overhead = {
+        "settings": [
+            {
+                "setting": "s",
+                "rounds": 3,
+                "bare_seconds": 10.0,
+                "simulation_seconds": 20.0,
+                "ratio": 2.0,
+                "round_ratio": 1.1,
+                "per_round_overhead_seconds": 0.2,
+                "fixed_overhead_seconds": 9.0,
+                "rounds_to_target": 30.0,
+                "same_accuracies": True,
+            }
+        ]
+    }
+    assert "| s | 3 | 10.0 | 20.0 | 2.00x | 1.10x | 0.20 | 9.0 | 30 | yes |" in render_table("overhead", overhead)
+    methods = {"setting": "s", "strategies": [{"strategy": "fedavg", "status": "ok", "round_seconds": 1.0}]}
+    assert "| fedavg | 1.00 |" in render_table("methods", methods)
+    scale = {"clients": [{"clients": 100, "status": "ok", "peak_pss_mb": 900.0, "round_seconds": 0.5}]}
+    assert "| 100 |" in render_table("scale", scale)
+    assert markdown_table(["a"], [[1]]) == "| a |\n|---|\n| 1 |"
+
+
+def test_the_node_query_line_is_parsed():
+    assert parse_node_query("INFO :  [fedweigh] asked 1000 nodes for their partition in 61.25s") == (1000, 61.25)
+    assert parse_node_query("INFO :  [fedweigh] round 1/2") is None
