@@ -2,7 +2,8 @@
 
 * ``query``: tells the server which data partition this node holds, so that
   client sampling can be seeded by partition (see
-  :mod:`fedweigh.strategies.sampling`).
+  :mod:`fedweigh.strategies.sampling`), and starts loading the node's data in
+  the background (:func:`warm_data`).
 * ``train``: loads the global model, runs the recipe's client steps before
   training (sample weights, signals on the global model), trains locally,
   runs the steps after training (signals on the trained model), and replies
@@ -24,7 +25,10 @@ The node's data comes from its node config, as set with
 from __future__ import annotations
 
 import functools
+import logging
+import threading
 import zlib
+from types import SimpleNamespace
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -47,6 +51,7 @@ from fedweigh.data.tensors import ImageTensors
 from fedweigh.settings import Settings
 
 app = ClientApp()
+logger = logging.getLogger("flwr.fedweigh")
 
 DATA_DIR = "data-dir"
 
@@ -118,9 +123,46 @@ def _setup(message: Message, context: Context) -> tuple[Settings, nn.Module, tor
     return settings, model.to(device), device
 
 
+_WARMED: set[tuple[object, ...]] = set()
+_WARMED_LOCK = threading.Lock()
+
+
+def warm_data(context: Context) -> threading.Thread | None:
+    """Start loading this node's training data in a background thread (once per process and data).
+
+    The server asks every node for its partition before round 1 and then loads
+    its own data (the partition check, the test split). Loading the client's
+    data meanwhile, rather than in the first train message, overlaps the two:
+    a few seconds per run with MNIST or CIFAR-10 on a small machine. The data
+    caches are shared and locked, so the first train message simply finds the
+    data loaded (or waits for the load to finish); a failure is left for that
+    message to report. Returns the thread, or None when nothing was started.
+    """
+    config = dict(context.node_config)
+    key = (tuple(sorted(context.run_config.items())), config.get(DATA_DIR), config.get("num-partitions"))
+    with _WARMED_LOCK:
+        if key in _WARMED:
+            return None
+        _WARMED.add(key)
+    run_config = dict(context.run_config)
+    node = SimpleNamespace(node_config=config, node_id=context.node_id)  # what local_data reads
+
+    def load() -> None:
+        try:
+            configure_torch()
+            local_data(settings_from(run_config), node)  # type: ignore[arg-type]
+        except Exception as err:  # noqa: BLE001 - the train message reports it
+            logger.debug("loading the data ahead of training failed: %s", err)
+
+    thread = threading.Thread(target=load, name="fedweigh-data-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
 @app.query()
 def describe(message: Message, context: Context) -> Message:
-    """Reply with this node's partition id (-1 when it has none)."""
+    """Reply with this node's partition id (-1 when it has none); start loading its data."""
+    warm_data(context)
     config = context.node_config
     metrics = MetricRecord(
         {

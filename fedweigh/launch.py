@@ -13,6 +13,8 @@ Command line::
                       [--num-supernodes 10] [--cpus-per-client 1]
                       [--gpus-per-client 0.0] [--port 39191] [--keep-superlink]
     fedweigh stop-superlink [--app PATH] [--port 39191]
+    fedweigh experiment run|report FILE ...    (fedweigh.experiments.cli)
+    fedweigh benchmark NAME|all ...            (fedweigh.benchmarks.cli)
 
 From Python (one SuperLink, many runs)::
 

@@ -183,7 +183,7 @@ def _methods(quick: bool, sim: Any, strategies: list[str] | None) -> dict[str, A
     from fedweigh.benchmarks.methods import method_overhead
     from fedweigh.strategies import strategy_names
 
-    setting = digits_small(3) if quick else fedoui_cifar10(4)
+    setting = digits_small(3) if quick else fedoui_cifar10(6)
     return method_overhead(setting, strategies or strategy_names(), sim)
 
 

@@ -32,6 +32,7 @@ from typing import Any
 __all__ = [
     "APP_DIR",
     "BenchmarkError",
+    "CpuSampler",
     "MemorySampler",
     "TimedRun",
     "dataset_folder",
@@ -226,6 +227,97 @@ class MemorySampler:
     @property
     def peak(self) -> int:
         return self.peak_between()
+
+
+def _process_label(pid: int) -> str:
+    """A short name for a process: Ray's title (``ray::ClientAppActor``), the script or the program."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    words = [w.decode(errors="replace") for w in argv if w]
+    if not words:
+        return "?"
+    if words[0].startswith("ray::"):
+        return words[0].split()[0]
+    program = Path(words[0]).name
+    if program.startswith("python") and len(words) > 1:
+        if words[1] == "-m" and len(words) > 2:
+            return words[2]
+        if words[1] == "-c":
+            return "python -c"
+        script = next((w for w in words[1:] if not w.startswith("-")), words[1])
+        return Path(script).name[:40]
+    return program[:40]
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+class CpuSampler:
+    """CPU seconds used by each process of a tree while it runs, grouped by process name.
+
+    Processes are sampled every ``interval`` seconds; a process that exits
+    loses at most its last interval. Processes alive at the start count
+    from their usage then.
+    """
+
+    def __init__(self, root: int, interval: float = 0.5) -> None:
+        self.root = root
+        self.interval = interval
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.labels: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _tree(self) -> list[int]:
+        children = _process_children()
+        found, stack = [], [self.root]
+        while stack:
+            pid = stack.pop()
+            found.append(pid)
+            stack.extend(children.get(pid, []))
+        return found
+
+    def _sample(self, initial: bool = False) -> None:
+        for pid in self._tree():
+            used = _cpu_seconds(pid)
+            if used is None:
+                continue
+            if pid not in self.labels:
+                self.labels[pid] = _process_label(pid)
+                self.first[pid] = used if initial else 0.0
+            self.last[pid] = used
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> CpuSampler:
+        if Path("/proc").is_dir():
+            self._sample(initial=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+            self._sample()
+
+    def by_name(self) -> dict[str, float]:
+        """CPU seconds per process name, largest first."""
+        totals: dict[str, float] = {}
+        for pid, label in self.labels.items():
+            totals[label] = totals.get(label, 0.0) + max(0.0, self.last.get(pid, 0.0) - self.first.get(pid, 0.0))
+        return dict(sorted(((k, round(v, 2)) for k, v in totals.items()), key=lambda item: -item[1]))
 
 
 # --------------------------------------------------------------------------- timed simulations

@@ -2,11 +2,13 @@
 
 Every strategy runs the same setting (same clients, data, model, recipe) as a
 simulation with one ClientApp at a time; the cost of a method is what its
-rounds take beyond FedAvg's. Round 1 is left out of the means (it includes
-the actor's first data load). Per round the report gives the ServerApp's
-round seconds and the clients' own ``train-seconds`` (the client-side cost:
-signals such as OUI's probe or UFL's MC-dropout passes are measured inside
-it), so server-side and client-side costs can be told apart.
+rounds take beyond FedAvg's. Round 1 is left out (it includes the actor's
+first data load) and the median of the other rounds is taken, which a busy
+shared machine disturbs less than the mean. Per round the report gives the
+ServerApp's round seconds and the clients' summed ``train-seconds`` (the
+local training loop alone: a method's client steps, such as OUI's probe or
+UFL's MC-dropout passes, run outside it), so the cost of the steps and the
+server rule shows as round time beyond the training.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from fedweigh.benchmarks.common import Setting, run_timed
 __all__ = ["method_overhead"]
 
 
-def _mean(values: Sequence[float]) -> float | None:
-    return float(np.mean(values)) if len(values) else None
+def _median(values: Sequence[float]) -> float | None:
+    return float(np.median(values)) if len(values) else None
 
 
 def method_overhead(
@@ -46,8 +48,8 @@ def method_overhead(
                 {
                     "strategy": name,
                     "status": "ok",
-                    "round_seconds": round(_mean(rounds[1:]) or rounds[0], 3),
-                    "client_train_seconds": round(_mean(train[1:]) or train[0], 3),
+                    "round_seconds": round(_median(rounds[1:]) or rounds[0], 3),
+                    "client_train_seconds": round(_median(train[1:]) or train[0], 3),
                     "rounds": [round(r, 3) for r in rounds],
                     "final_accuracy": timed.accuracies()[-1],
                     "wall_seconds": round(timed.wall_seconds, 2),

@@ -17,13 +17,17 @@ federation machinery:
   bookkeeping in the strategy, checkpoints.
 
 The report gives the ratio of the whole runs (what a user waits for), the
-ratio of the mean round time (start-up excluded) and where the time went.
+ratio of the mean round time (start-up excluded) and where the time went:
+wall-clock phases of each side, and the CPU seconds each process of the
+simulation used (the ClientApp's actor, the simulation process, Ray's
+daemons, the SuperLink), against the bare loop's CPU seconds.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -34,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from fedweigh.benchmarks.common import APP_DIR, Setting, run_timed
+from fedweigh.benchmarks.common import APP_DIR, CpuSampler, Setting, run_timed
 
 __all__ = ["TARGET_RATIO", "federation_overhead", "run_bare", "warm_data_cache"]
 
@@ -57,6 +61,7 @@ def run_bare(run_config: Mapping[str, Any], num_partitions: int) -> dict[str, An
     """The bare loop in a fresh Python process (its start-up and imports counted)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     started = time.monotonic()
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(
         [sys.executable, "-m", "fedweigh.benchmarks.bare", json.dumps(dict(run_config)), str(num_partitions)],
         capture_output=True,
@@ -65,10 +70,14 @@ def run_bare(run_config: Mapping[str, Any], num_partitions: int) -> dict[str, An
         check=False,
     )
     wall = time.monotonic() - started
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"bare loop failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
     result["process_seconds"] = wall
+    result["cpu_seconds"] = round(
+        (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime), 2
+    )
     return result
 
 
@@ -95,7 +104,8 @@ def federation_overhead(setting: Setting, sim: Any, output_dir: Path | None = No
 
     with tempfile.TemporaryDirectory(dir=output_dir) as scratch:
         run_config = {**setting.run_config, "output-dir": scratch, "run-name": f"overhead-{setting.name}"}
-        timed = run_timed(sim, run_config, setting.num_supernodes, cpus_per_client=os.cpu_count() or 1)
+        with CpuSampler(sim.process.pid if sim.process else os.getpid()) as cpu:
+            timed = run_timed(sim, run_config, setting.num_supernodes, cpus_per_client=os.cpu_count() or 1)
     if not timed.ok:
         raise RuntimeError(f"the simulation of {setting.name} ended {timed.status}")
 
@@ -129,6 +139,8 @@ def federation_overhead(setting: Setting, sim: Any, output_dir: Path | None = No
             "rounds": round(bare["loop_seconds"], 3),
         },
         "first_round_seconds": {"simulation": round(sim_rounds[0], 3), "bare": round(bare_rounds[0], 3)},
+        "cpu_seconds": {"bare": bare["cpu_seconds"], "simulation": round(sum(cpu.by_name().values()), 2)},
+        "simulation_cpu_seconds_by_process": cpu.by_name(),
         "same_accuracies": timed.accuracies() == bare["accuracies"],
         "accuracies": {"simulation": timed.accuracies(), "bare": bare["accuracies"]},
     }
