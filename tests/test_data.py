@@ -264,7 +264,9 @@ def test_dataset_setting_accepts_digits_folders_and_hub_ids(monkeypatch: pytest.
         folder = local_dataset(name)
         assert validate_dataset_setting(folder) == folder
         monkeypatch.chdir(DATASETS)
-        assert validate_dataset_setting(f"./{name}") == folder  # canonical: absolute
+        canonical = validate_dataset_setting(f"./{name}")
+        assert os.path.isabs(canonical)  # canonical: absolute (realpath: the folder may sit behind a symlink)
+        assert os.path.realpath(canonical) == os.path.realpath(folder)
 
 
 def test_columns_are_detected_from_features() -> None:

@@ -162,7 +162,7 @@ def _overhead(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
     settings = [fedoui_cifar10(3 if quick else 10), fednolowe_mnist(2 if quick else 5)]
     results = []
     for setting in settings:
-        result = federation_overhead(setting, sim)
+        result = federation_overhead(setting, sim, repeats=1 if quick else 2)
         sim_rounds, bare_rounds = result["round_seconds_simulation"], result["round_seconds_bare"]
         fixed = (result["simulation_seconds"] - sum(sim_rounds)) - (result["bare_seconds"] - sum(bare_rounds))
         result["fixed_overhead_seconds"] = round(fixed, 2)
