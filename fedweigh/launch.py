@@ -27,6 +27,7 @@ From Python (one SuperLink, many runs)::
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import copy
 import json
@@ -1035,7 +1036,26 @@ class LocalSimulation:
                 return status or "unknown", details
             time.sleep(STATUS_POLL_INTERVAL)
 
-    def run(
+    def run(self, *args: Any, submit_attempts: int = 3, **kwargs: Any) -> RunOutcome:
+        """Submit one run and block until it has finished (see :meth:`_run_once`).
+
+        A submission that never gets a run id (``flwr run`` failed before the
+        SuperLink accepted it, e.g. a busy machine timing out the CLI) is tried
+        again, up to ``submit_attempts`` times; a run that started is never
+        re-submitted.
+        """
+        outcome = self._run_once(*args, **kwargs)
+        for attempt in range(2, submit_attempts + 1):
+            if outcome.status != "not-started":
+                break
+            self._say(
+                f"`flwr run` did not start a run ({outcome.details}); submitting again ({attempt}/{submit_attempts})"
+            )
+            time.sleep(2.0)
+            outcome = self._run_once(*args, **kwargs)
+        return outcome
+
+    def _run_once(
         self,
         run_config: Mapping[str, Any] | None = None,
         num_supernodes: int = DEFAULT_NUM_SUPERNODES,
@@ -1092,8 +1112,11 @@ class LocalSimulation:
             bufsize=1,
         )
 
+        last_lines: collections.deque[str] = collections.deque(maxlen=5)
+
         def handle(line: str) -> None:
             nonlocal run_id
+            last_lines.append(_ANSI.sub("", line))
             if echo:
                 sys.stdout.write(line)
                 sys.stdout.flush()
@@ -1118,7 +1141,8 @@ class LocalSimulation:
             timings["stream_s"] = time.monotonic() - t0
             if run_id is None:
                 self._say(f"`flwr run` exited with code {rc} without starting a run")
-                return RunOutcome(None, "not-started", results_dir, cfg, f"flwr run rc={rc}", timings)
+                tail = " | ".join(line.strip() for line in last_lines if line.strip())
+                return RunOutcome(None, "not-started", results_dir, cfg, f"flwr run rc={rc}: {tail}", timings)
             status, details = self.wait_for_run(run_id, wait_timeout)
             timings["total_s"] = time.monotonic() - t0
             self.settle()

@@ -18,7 +18,7 @@ from typing import Any
 
 __all__ = ["BENCHMARKS", "add_benchmark_parser", "run_benchmark", "run_command", "render_table"]
 
-BENCHMARKS = ("overhead", "methods", "scale", "aggregation")
+BENCHMARKS = ("overhead", "methods", "scale", "aggregation", "ufl-cost")
 DEFAULT_PORT = 39201
 RESULTS_DIR = Path("benchmarks") / "results"
 
@@ -152,6 +152,23 @@ def render_table(name: str, report: dict[str, Any]) -> str:
         ]
         parameters = report["cases"][0]["parameters"] if report["cases"] else 0
         return f"model: {report['model']} ({parameters:,} parameters)\n\n" + markdown_table(header, rows)
+    if name == "ufl-cost":
+        rows = [
+            [
+                r["model"],
+                r["samples"],
+                _fmt(r["fedavg_seconds"], 3),
+                _fmt(r["ufl_mc_seconds"], 3),
+                _fmt(r["ufl_seconds"], 3),
+                f"{r['ratio']:.2f}x",
+                f"{r['naive_ratio']:.2f}x",
+            ]
+            for r in report["models"]
+        ]
+        header = ["model", "samples", "FedAvg client s", "UFL MC s", "UFL client s", "UFL / FedAvg", "naive MC / FedAvg"]
+        return f"N = 10 MC passes, 1 local epoch, batch 64, 1 thread; target <= {report['target_ratio']}x\n\n" + (
+            markdown_table(header, rows)
+        )
     raise ValueError(f"unknown benchmark {name!r}")
 
 
@@ -199,11 +216,18 @@ def _aggregation(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
     return aggregation(ks=(10,) if quick else (10, 100), repeat=2 if quick else 3)
 
 
+def _ufl_cost(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+    from fedweigh.benchmarks.ufl_cost import ufl_cost
+
+    return ufl_cost(quick=quick)
+
+
 _RUNNERS: dict[str, Callable[[bool, Any, list[str] | None], dict[str, Any]]] = {
     "overhead": _overhead,
     "methods": _methods,
     "scale": _scale,
     "aggregation": _aggregation,
+    "ufl-cost": _ufl_cost,
 }
 _NEEDS_SIMULATION = {"overhead", "methods", "scale"}
 
