@@ -165,7 +165,15 @@ def render_table(name: str, report: dict[str, Any]) -> str:
             ]
             for r in report["models"]
         ]
-        header = ["model", "samples", "FedAvg client s", "UFL MC s", "UFL client s", "UFL / FedAvg", "naive MC / FedAvg"]
+        header = [
+            "model",
+            "samples",
+            "FedAvg client s",
+            "UFL MC s",
+            "UFL client s",
+            "UFL / FedAvg",
+            "naive MC / FedAvg",
+        ]
         return f"N = 10 MC passes, 1 local epoch, batch 64, 1 thread; target <= {report['target_ratio']}x\n\n" + (
             markdown_table(header, rows)
         )
