@@ -478,7 +478,8 @@ def simulation_env(flwr_home: Path, base: Mapping[str, str] | None = None) -> di
     (offline-hostile) update check and telemetry unless set, pins numeric libraries to
     one thread per process unless set (Ray workers inherit this), and puts this
     interpreter's ``bin`` dir first on ``PATH`` so the SuperLink finds the same
-    ``flower-superexec``/``flwr-simulation`` executables.
+    ``flower-superexec``/``flwr-simulation`` executables, and starts Ray's workers
+    at normal priority (``RAY_worker_niceness=0``) unless set.
     """
     env = dict(os.environ if base is None else base)
     env["FLWR_HOME"] = str(flwr_home)
@@ -488,6 +489,11 @@ def simulation_env(flwr_home: Path, base: Mapping[str, str] | None = None) -> di
     for var in THREAD_ENV_VARS:
         env.setdefault(var, "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # Ray starts its workers (the ClientApp actors, where all local training runs) at
+    # niceness 15, below the ServerApp's process and anything else on the machine; on a
+    # busy machine that starved training (measured 1.2-1.6x slower per round, see
+    # docs/benchmarks.md). Ray's own job manager sets 0 the same way.
+    env.setdefault("RAY_worker_niceness", "0")
     bin_dir = str(Path(sys.executable).parent)
     path = env.get("PATH", "")
     if bin_dir not in path.split(os.pathsep):

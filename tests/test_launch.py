@@ -404,6 +404,7 @@ def test_simulation_env(tmp_path: Path):
     assert env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
     assert env["OMP_NUM_THREADS"] == "1"
     assert env["MKL_NUM_THREADS"] == "4"  # explicit user setting wins
+    assert env["RAY_worker_niceness"] == "0"  # ClientApp actors train at normal priority
     assert env["PATH"].endswith("/usr/bin")
 
 
