@@ -150,15 +150,12 @@ def digits_small(rounds: int = 3) -> Setting:
 
 
 def _process_children() -> dict[int, list[int]]:
+    """ppid -> child pids, from the launcher's process table (one /proc reader)."""
+    from fedweigh.launch import _process_table
+
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        children.setdefault(int(stat[stat.rfind(")") + 2 :].split()[1]), []).append(int(entry.name))
+    for pid, (ppid, _, _) in _process_table().items():
+        children.setdefault(ppid, []).append(pid)
     return children
 
 
