@@ -48,12 +48,15 @@ from fedweigh.components import (
 )
 from fedweigh.data.federated import DataSpec, dataset_info, load_partition
 from fedweigh.data.tensors import ImageTensors
+from fedweigh.models import on_device
 from fedweigh.settings import Settings
 
 app = ClientApp()
 logger = logging.getLogger("flwr.fedweigh")
 
 DATA_DIR = "data-dir"
+MOMENTUM_STATE = "sgd-momentum"
+"""Key in ``Context.state`` of the client's SGD momentum buffers (``persist-optimizer-state``)."""
 
 
 def partition_of(context: Context) -> tuple[int, int]:
@@ -111,6 +114,7 @@ def _recipe(config: ConfigRecord) -> OptimizerRecipe:
         momentum=float(config["momentum"]),
         weight_decay=float(config["weight-decay"]),
         proximal_mu=float(config.get("proximal-mu", 0.0)),
+        persist_optimizer_state=bool(config.get("persist-optimizer-state", False)),
     )
 
 
@@ -118,9 +122,9 @@ def _setup(message: Message, context: Context) -> tuple[Settings, nn.Module, tor
     configure_torch()
     settings = settings_from(context.run_config)
     device = resolve_device(settings.device)
-    model = _cached_model(settings)
+    model = on_device(_cached_model(settings), device)
     model.load_state_dict(message.content["arrays"].to_torch_state_dict())
-    return settings, model.to(device), device
+    return settings, model, device
 
 
 _WARMED: set[tuple[object, ...]] = set()
@@ -201,7 +205,14 @@ def train(message: Message, context: Context) -> Message:
         if weighting is not None:
             weightings.append(weighting)
 
-    stats = train_locally(model, data, _recipe(config), step_context.transform, device, generator, combine(weightings))
+    recipe = _recipe(config)
+    kept = context.state.get(MOMENTUM_STATE) if recipe.persist_optimizer_state else None
+    momentum = kept.to_torch_state_dict() if isinstance(kept, ArrayRecord) else None
+    stats = train_locally(
+        model, data, recipe, step_context.transform, device, generator, combine(weightings), momentum=momentum
+    )
+    if stats.momentum is not None:
+        context.state[MOMENTUM_STATE] = ArrayRecord(stats.momentum)
     for step in steps:
         signals.update(step.after_training(step_context))
 

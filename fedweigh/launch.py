@@ -36,8 +36,10 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import tomllib
@@ -717,6 +719,106 @@ class ProcessTree:
         return killed + self.kill(left)
 
 
+class RayHead:
+    """A local Ray cluster (``ray start --head --block``) shared by the runs of one SuperLink.
+
+    Flower 1.41 starts a Ray cluster inside every run's ``flwr-simulation``
+    process (``ray.init()``) and shuts it down at the end: about 4-5 s per run
+    on the 2-core project machine (docs/benchmarks.md). Started once here and
+    handed to the SuperLink as ``RAY_ADDRESS`` (inherited by each run's
+    simulation process), every run attaches to it instead; its ClientApp actors
+    are still the run's own (they die with the run's driver), so nothing of a
+    run leaks into the next. The cluster's resources are Ray's defaults for the
+    machine, as with ``ray.init()``. Its ports are free ones and its temporary
+    folder its own (Ray's default one, ``/tmp/ray``, would record it as the
+    machine's current cluster, which every later ``ray.init()`` without an
+    address, Flower's per-run one included, would then try to join, even once
+    it is stopped), so it does not collide with another Ray on the machine; its
+    processes all stay below the ``ray start --block`` process, which
+    :meth:`stop` terminates.
+    """
+
+    STARTED = "Ray runtime started"
+
+    def __init__(self, env: Mapping[str, str], log_path: Path, startup_timeout: float = 120.0) -> None:
+        self.env = {**env, "RAY_USAGE_STATS_ENABLED": "0"}
+        self.log_path = log_path
+        self.startup_timeout = startup_timeout
+        self.port = free_port()
+        # Short: Ray's socket paths live below it and must fit in 107 bytes.
+        self.temp_dir = Path(tempfile.mkdtemp(prefix=f"fwray{self.port}-", dir="/tmp"))
+        self.process: subprocess.Popen[bytes] | None = None
+        self.tree: ProcessTree | None = None
+        self.startup_seconds: float | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        ports = ("dashboard-agent-listen-port", "ray-client-server-port", "metrics-export-port")
+        return [
+            _executable("ray"),
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--include-dashboard",
+            "false",
+            "--disable-usage-stats",
+            "--temp-dir",
+            str(self.temp_dir),
+            *(arg for name in ports for arg in (f"--{name}", str(free_port()))),
+        ]
+
+    def start(self) -> None:
+        cmd = self.command()
+        t0 = time.monotonic()
+        with self.log_path.open("wb") as log:
+            self.process = spawn_logged(cmd, log, self.env)
+        self.tree = ProcessTree(self.process.pid, self.process)
+        while self.STARTED not in self.log_path.read_text(errors="replace"):
+            if self.process.poll() is not None or time.monotonic() - t0 > self.startup_timeout:
+                self.stop()
+                log = _tail(self.log_path)
+                raise SimulationError(f"the shared Ray cluster did not start; see {self.log_path}:\n{log}")
+            time.sleep(0.1)
+        self.startup_seconds = time.monotonic() - t0
+
+    def stop(self) -> list[int]:
+        """Terminate the node (``ray start --block`` stops it on SIGTERM); SIGKILL leftovers."""
+        if self.tree is None:
+            return []
+        killed = self.tree.terminate(grace=15.0, settle=5.0)
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.process, self.tree = None, None
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        return killed
+
+
+def spawn_logged(cmd: list[str], log: Any, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    """Start a long-lived service with its output in ``log``, in its own session.
+
+    Its own session: a Ctrl-C in the terminal reaches us, not the service, so we
+    can stop runs and services in order.
+    """
+    return subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=dict(env), start_new_session=True
+    )
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on at the moment (on 127.0.0.1)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def terminate_process_tree(pid: int, grace: float = 10.0, popen: subprocess.Popen[Any] | None = None) -> list[int]:
     """Stop a SuperLink and everything below it; returns the SIGKILLed pids."""
     return ProcessTree(pid, popen).terminate(grace)
@@ -805,6 +907,11 @@ class LocalSimulation:
 
     Use as a context manager; ``stop()`` only stops a SuperLink this object started,
     and not at all when ``keep_superlink=True``.
+
+    With ``shared_ray=True`` (the experiment runner, the benchmarks) a SuperLink
+    this object starts gets one :class:`RayHead` for all its runs instead of
+    Flower's cluster per run; ignored when the SuperLink is kept or already
+    running, or when ``RAY_ADDRESS`` names a cluster already.
     """
 
     def __init__(
@@ -818,6 +925,7 @@ class LocalSimulation:
         keep_superlink: bool = False,
         startup_timeout: float = SUPERLINK_STARTUP_TIMEOUT,
         out: TextIO | None = None,
+        shared_ray: bool = False,
     ) -> None:
         self.app_dir = Path(app_dir or Path.cwd()).expanduser().resolve()
         self.port = int(port)
@@ -837,6 +945,8 @@ class LocalSimulation:
         self.active_runs: set[int] = set()  # submitted, not yet seen finished
         self._final: dict[int, tuple[str, str]] = {}  # run id -> (status, details)
         self._control: Any = None  # Control API client, see run_status
+        self.shared_ray = shared_ray
+        self.ray: RayHead | None = None  # the shared Ray cluster we started
 
     # -- lifecycle ---------------------------------------------------------------------
     def __enter__(self) -> Self:
@@ -866,22 +976,18 @@ class LocalSimulation:
                 "(its environment, e.g. OMP_NUM_THREADS, is whatever it was started with)"
             )
             return
+        if self.shared_ray and not self.keep_superlink and not self.env.get("RAY_ADDRESS"):
+            self.ray = RayHead(self.env, self.flwr_home / f"ray-{self.port}.log")
+            self.ray.start()
+            self.env["RAY_ADDRESS"] = self.ray.address
+            self._say(f"shared Ray cluster up on {self.ray.address} in {self.ray.startup_seconds:.1f}s")
         cmd = superlink_command(self.port, self.database)
         self._say(f"starting SuperLink: {' '.join(cmd)} (log: {self.log_path})")
         t0 = time.monotonic()
         with self.log_path.open("ab") as log:
             log.write(f"\n===== fedweigh: {datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ} {' '.join(cmd)}\n".encode())
             log.flush()
-            # Own session: a terminal Ctrl-C reaches us, not the SuperLink, so we can
-            # `flwr stop` the run before shutting the SuperLink down in order.
-            self.process = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                start_new_session=True,
-            )
+            self.process = spawn_logged(cmd, log, self.env)
         self.pid_path.write_text(f"{self.process.pid}\n")
         self.tree = ProcessTree(self.process.pid, self.process)
         deadline = t0 + self.startup_timeout
@@ -891,6 +997,7 @@ class LocalSimulation:
                 self.process = None
                 self.tree = None
                 self.pid_path.unlink(missing_ok=True)
+                self._stop_ray()
                 raise SimulationError(
                     f"flower-superlink exited with code {code}; see {self.log_path}:\n" + _tail(self.log_path)
                 )
@@ -963,9 +1070,18 @@ class LocalSimulation:
         self.process = None
         self.tree = None
         self.pid_path.unlink(missing_ok=True)
+        self._stop_ray()
         self.stop_seconds = time.monotonic() - t0
         extra = f" (had to SIGKILL {killed})" if killed else ""
         self._say(f"SuperLink (pid {pid}) stopped in {self.stop_seconds:.1f}s{extra}")
+
+    def _stop_ray(self) -> None:
+        if self.ray is None:
+            return
+        if killed := self.ray.stop():
+            self._say(f"shared Ray cluster stopped (had to SIGKILL {killed})")
+        self.ray = None
+        self.env.pop("RAY_ADDRESS", None)
 
     # -- flwr CLI ----------------------------------------------------------------------
     def _flwr(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -21,6 +21,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedweigh.client.training import evaluate
 from fedweigh.components import batch_transform, configure_torch, data_spec, new_model, resolve_device, settings_from
 from fedweigh.data.federated import load_test_split, partition_sizes
+from fedweigh.models import on_device
 from fedweigh.results import Checkpoint, RunRecorder, resolve_run_dir
 from fedweigh.settings import Settings
 from fedweigh.strategies import build_strategy
@@ -53,7 +54,7 @@ def central_evaluation(
 ) -> Callable[[int, ArrayRecord], MetricRecord | None]:
     """The ``evaluate_fn`` for ``Strategy.start``: test, record, checkpoint."""
     device = resolve_device(settings.device)
-    model = new_model(settings).to(device)
+    model = on_device(new_model(settings), device)
     test = load_test_split(data_spec(settings, num_partitions))
     transform = batch_transform(settings)
 

@@ -129,6 +129,8 @@ class Settings(_Section):
     learning_rate: float = Field(0.05, gt=0.0)
     momentum: float = Field(0.9, ge=0.0, lt=1.0)
     weight_decay: float = Field(0.0, ge=0.0)
+    # keep each client's SGD momentum between the rounds it trains in (FedNolowe's code; spec A12)
+    persist_optimizer_state: bool = False
     eval_batch_size: int = Field(512, ge=1)
     # extra client steps on top of the strategy's own, comma-separated (e.g. "ufl-dropout", "ufl")
     client_steps: str = ""

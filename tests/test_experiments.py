@@ -113,6 +113,30 @@ def test_command_line_overrides_of_seeds_and_rounds():
     assert all(config["num-server-rounds"] == 1 for config in experiment.arm_configs.values())
 
 
+def test_set_overrides_base_and_arm_overrides_and_is_checked():
+    table = experiment_table()
+    table["arms"][1]["overrides"]["fraction-train"] = 0.75
+    experiment = load_experiment(table, DEFAULTS, settings={"fraction-train": 1.0, "learning-rate": 0.05})
+    assert [config["fraction-train"] for config in experiment.arm_configs.values()] == [1.0, 1.0]
+    assert all(config["learning-rate"] == 0.05 for config in experiment.arm_configs.values())
+    assert experiment.arm_configs["fedoui"]["fedoui.window"] == 2  # the arm's other overrides stay
+    with pytest.raises(ExperimentError, match=r"--set lerning-rate=0\.1: unknown run-config key"):
+        load_experiment(experiment_table(), DEFAULTS, settings={"lerning-rate": 0.1})
+    with pytest.raises(ExperimentError, match=r"arm 'fedavg': fraction-train = 2"):
+        load_experiment(experiment_table(), DEFAULTS, settings={"fraction-train": 2})
+
+
+def test_set_on_the_command_line_gets_its_own_output_folder(tmp_path, capsys):
+    path = tmp_path / "grid.toml"
+    path.write_text('[experiment]\nname = "grid"\nseeds = [1]\n[[arms]]\nname = "a"\nstrategy = "fedavg"\n')
+    code = main(["experiment", "run", str(path), "--set", "fraction-train=0.2", "--dry-run"])
+    assert code == 0
+    assert "grid-fraction-train0.2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["experiment", "run", str(path), "--set", "fraction-train", "--dry-run"])
+    assert "--set = 'fraction-train': accepted: KEY=VALUE" in capsys.readouterr().err
+
+
 def test_an_invalid_file_fails_before_anything_runs(tmp_path, capsys):
     path = tmp_path / "bad.toml"
     path.write_text('[experiment]\nname = "x"\nseeds = [1]\n[[arms]]\nname = "a"\nstrategy = "nope"\n')

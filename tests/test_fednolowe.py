@@ -14,7 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from fedweigh.client.training import OptimizerRecipe, train_locally
+from fedweigh.client.training import OptimizerRecipe, TrainStats, train_locally
 from fedweigh.data.loader import batches
 from fedweigh.data.sources import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
@@ -476,3 +476,93 @@ def test_round_flops_refuses_bad_arguments(arguments, fragment):
     }
     with pytest.raises(ValueError, match=fragment):
         round_flops(**{**call, **arguments})
+
+
+# ---------------------------------------------------------------------------
+# persist-optimizer-state: the authors' clients keep SGD momentum between rounds (spec A12)
+# ---------------------------------------------------------------------------
+
+
+def tiny_data(seed: int = 5) -> ImageTensors:
+    generator = torch.Generator().manual_seed(seed)
+    return ImageTensors(
+        torch.randint(0, 256, (10, 1, 2, 2), dtype=torch.uint8, generator=generator),
+        torch.randint(0, 3, (10,), generator=generator),
+    )
+
+
+def test_kept_momentum_continues_one_optimizer_across_rounds():
+    """Two calls that hand the momentum on equal one SGD optimizer living through both rounds."""
+    data, transform = tiny_data(), BatchTransform(TINY_INFO, augment=False)
+    recipe = OptimizerRecipe(batch_size=4, learning_rate=0.5, momentum=0.9, persist_optimizer_state=True)
+    cpu = torch.device("cpu")
+
+    client = tiny_model()
+    first = train_locally(client, data, recipe, transform, cpu, torch.Generator().manual_seed(1))
+    assert first.momentum is not None and set(first.momentum) == {n for n, _ in client.named_parameters()}
+    global_model = tiny_model()  # the server's next model: the client starts round 2 from it
+    client.load_state_dict(global_model.state_dict())
+    train_locally(client, data, recipe, transform, cpu, torch.Generator().manual_seed(2), momentum=first.momentum)
+
+    reference = tiny_model()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.5, momentum=0.9)
+    for round_seed in (1, 2):
+        if round_seed == 2:
+            reference.load_state_dict(global_model.state_dict())
+        for images, labels, _ in batches(data, 4, shuffle=True, generator=torch.Generator().manual_seed(round_seed)):
+            loss = F.cross_entropy(reference(transform(images, train=True)), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    for mine, theirs in zip(client.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(mine, theirs)
+
+    fresh = tiny_model()
+    train_locally(fresh, data, recipe, transform, cpu, torch.Generator().manual_seed(2))
+    assert any(not torch.allclose(a, b) for a, b in zip(fresh.parameters(), client.parameters(), strict=True))
+
+
+def test_momentum_is_not_kept_unless_asked():
+    data, transform = tiny_data(), BatchTransform(TINY_INFO, augment=False)
+    stats = train_locally(
+        tiny_model(), data, OptimizerRecipe(batch_size=4), transform, torch.device("cpu"), torch.Generator()
+    )
+    assert stats.momentum is None
+
+
+def test_the_client_app_keeps_momentum_in_its_context_state(monkeypatch):
+    """The ClientApp stores the buffers in Context.state and hands them to the next round's training."""
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+    from fedweigh import client_app
+
+    seen = []
+
+    def fake_train(model, data, recipe, transform, device, generator, weighting=None, momentum=None):
+        seen.append(momentum)
+        buffers = {name: torch.full_like(p, float(len(seen))) for name, p in model.named_parameters()}
+        kept = buffers if recipe.persist_optimizer_state else None
+        return TrainStats(1.0, len(data), 1, 0.0, momentum=kept)
+
+    monkeypatch.setattr(client_app, "train_locally", fake_train)
+    context = Context(
+        run_id=1,
+        node_id=3,
+        node_config={"partition-id": 0, "num-partitions": 2},
+        state=RecordDict(),
+        run_config={"dataset": "digits", "model": "mlp"},
+    )
+    model = client_app.new_model(client_app.settings_from(context.run_config))
+    for server_round in (1, 2):
+        config = {"server-round": server_round, "local-epochs": 1, "batch-size": 8, "learning-rate": 0.1}
+        config |= {"momentum": 0.9, "weight-decay": 0.0, "persist-optimizer-state": True}
+        message = Message(
+            RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord(config)}),
+            dst_node_id=3,
+            message_type="train",
+        )
+        client_app.train(message, context)
+    assert seen[0] is None
+    assert all(torch.equal(t, torch.ones_like(t)) for t in seen[1].values())
+    assert set(seen[1]) == {name for name, _ in model.named_parameters()}
+    assert isinstance(context.state[client_app.MOMENTUM_STATE], ArrayRecord)

@@ -325,3 +325,28 @@ def test_build_is_deterministic_under_a_seed() -> None:
     for (key_a, a), (key_b, b) in zip(first.state_dict().items(), second.state_dict().items(), strict=True):
         assert key_a == key_b
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["fedoui-cnn", "fashion-cnn", "lenet5", "vgg9", "resnet8"])
+def test_on_device_keeps_what_the_model_computes_and_sends(name):
+    """Channels-last on CPU (where a model asks for it) changes speed, not outputs or the state sent."""
+    from flwr.app import ArrayRecord
+
+    from fedweigh.models import on_device
+
+    channels, size = (1, 28) if name in ("fashion-cnn", "lenet5") else (3, 32)
+    options = {"width": 16} if name == "resnet8" else {}
+    torch.manual_seed(0)
+    plain = build_model(name, 10, channels, size, **options).eval()
+    fast = build_model(name, 10, channels, size, **options)
+    fast.load_state_dict(plain.state_dict())
+    fast = on_device(fast, torch.device("cpu")).eval()
+    conv = next(m for m in fast.modules() if isinstance(m, torch.nn.Conv2d))
+    wants = getattr(fast, "cpu_channels_last", False)
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last) is wants
+    assert wants is (name != "resnet8")
+    x = torch.randn(4, channels, size, size)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), plain(x), rtol=1e-4, atol=1e-5)
+    sent = ArrayRecord(fast.state_dict()).to_torch_state_dict()
+    assert all(torch.equal(sent[key], value) for key, value in plain.state_dict().items())

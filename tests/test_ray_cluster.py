@@ -195,3 +195,57 @@ def test_simulation_runs_on_the_second_node_of_an_existing_cluster(ray_cluster, 
     assert head.actor_pids("ClientAppActor") == set()  # the head has no GPU to give
     logged = {int(pid) for pid in re.findall(r"ClientAppActor pid=(\d+)", log)}
     assert logged <= worker.actor_pids("ClientAppActor")
+
+
+def test_shared_ray_cluster_serves_every_run_and_is_stopped_with_the_superlink(tmp_path):
+    """The experiment runner's mode: one Ray head for all runs; each run still gets its own actors."""
+    simulation = LocalSimulation(REPO, port=free_port(), flwr_home=tmp_path / "flwr-home", shared_ray=True)
+    actors: dict[int, str] = {}  # pid -> command line of each ClientApp actor seen below the head
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.3):
+            if simulation.ray is None or simulation.ray.tree is None:
+                continue
+            simulation.ray.tree.refresh()
+            for pid, _ in simulation.ray.tree.known:
+                try:
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                except OSError:
+                    continue
+                if cmdline.startswith("ray::ClientAppActor"):
+                    actors[pid] = cmdline
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    outcomes, per_run = [], []
+    try:
+        with simulation:
+            head = simulation.ray
+            assert head is not None and simulation.env["RAY_ADDRESS"] == head.address
+            # Not recorded as the machine's current cluster: a later ray.init() without an address
+            # (Flower's own per-run cluster) must not try to join it, running or stopped.
+            current = Path("/tmp/ray/ray_current_cluster")
+            assert not current.is_file() or f":{head.port}" not in current.read_text()
+            head_tree = head.tree
+            for index in range(2):
+                before = set(actors)
+                config = {"num-server-rounds": 1, "output-dir": str(tmp_path), "run-name": f"r{index}"}
+                outcomes.append(
+                    simulation.run(
+                        config,
+                        num_supernodes=2,
+                        echo=False,
+                        log_path=tmp_path / f"run{index}.log",
+                    )
+                )
+                per_run.append(set(actors) - before)
+    finally:
+        stop.set()
+        watcher.join()
+    assert all(outcome.ok for outcome in outcomes), [(o.status, o.details) for o in outcomes]
+    assert all(actors_of_run for actors_of_run in per_run), "every run's ClientApps ran on the shared cluster"
+    assert not per_run[0] & per_run[1], "a run's actors are its own, never reused by the next run"
+    assert simulation.ray is None and "RAY_ADDRESS" not in simulation.env
+    alive = ProcessTree._living(head_tree.known, head_tree.refresh())
+    assert not alive, f"the shared cluster left processes behind: {alive}"

@@ -28,7 +28,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -38,6 +37,7 @@ from pathlib import Path
 from fedweigh.launch import (
     ProcessTree,
     build_run_config_arg,
+    free_port,
     parse_run_id,
     parse_run_status,
     simulation_env,
@@ -97,13 +97,6 @@ class Topology:
     @property
     def superlink_address(self) -> str:
         return f"{self.hosts['superlink'].address}:{self.superlink_port}"
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on at the moment."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def plan_topology(supernodes: Sequence[str], isolated: bool, tag: str, port=free_port) -> Topology:

@@ -41,6 +41,7 @@ def bare_federated_run(run_config: Mapping[str, Any], num_partitions: int) -> di
     from fedweigh.client_app import _recipe, client_seed
     from fedweigh.components import batch_transform, configure_torch, data_spec, new_model, resolve_device
     from fedweigh.data.federated import load_partition, load_test_split
+    from fedweigh.models import on_device
     from fedweigh.settings import parse_settings
     from fedweigh.strategies import build_strategy
     from fedweigh.strategies.aggregation import weighted_average
@@ -57,8 +58,8 @@ def bare_federated_run(run_config: Mapping[str, Any], num_partitions: int) -> di
     spec = data_spec(settings, num_partitions)
     transform = batch_transform(settings)
     test = load_test_split(spec)
-    global_model = new_model(settings).to(device)
-    client_model = new_model(settings).to(device)
+    global_model = on_device(new_model(settings), device)
+    client_model = on_device(new_model(settings), device)
     recipe = _recipe(dict(strategy.recipe))
     setup_done = time.perf_counter()
 

@@ -37,6 +37,13 @@ def add_benchmark_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--strategies", default=None, help="methods benchmark: comma-separated strategies (default: all registered)"
     )
+    parser.add_argument(
+        "--ray",
+        choices=("shared", "per-run"),
+        default="shared",
+        help="shared: one Ray cluster for all runs, as the experiment runner does (default); "
+        "per-run: Flower's own Ray cluster started in each run, as a lone `flwr run` does",
+    )
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -161,6 +168,7 @@ def render_table(name: str, report: dict[str, Any]) -> str:
                 _fmt(r["ufl_mc_seconds"], 3),
                 _fmt(r["ufl_seconds"], 3),
                 f"{r['ratio']:.2f}x",
+                f"{r['ufl_mc_seconds'] / r['fedavg_seconds']:.2f}x",
                 f"{r['naive_ratio']:.2f}x",
             ]
             for r in report["models"]
@@ -172,6 +180,7 @@ def render_table(name: str, report: dict[str, Any]) -> str:
             "UFL MC s",
             "UFL client s",
             "UFL / FedAvg",
+            "UFL MC / FedAvg",
             "naive MC / FedAvg",
         ]
         return f"N = 10 MC passes, 1 local epoch, batch 64, 1 thread; target <= {report['target_ratio']}x\n\n" + (
@@ -184,7 +193,7 @@ def _overhead(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
     from fedweigh.benchmarks.common import fednolowe_mnist, fedoui_cifar10
     from fedweigh.benchmarks.overhead import TARGET_RATIO, federation_overhead
 
-    settings = [fedoui_cifar10(3 if quick else 10), fednolowe_mnist(2 if quick else 5)]
+    settings = [fedoui_cifar10(3)] if quick else [fedoui_cifar10(10), fedoui_cifar10(60), fednolowe_mnist(5)]
     results = []
     for setting in settings:
         result = federation_overhead(setting, sim, repeats=1 if quick else 2)
@@ -253,6 +262,7 @@ def run_benchmark(name: str, *, quick: bool, sim: Any = None, strategies: list[s
         "quick": quick,
         "machine": machine,
         "seconds": round(time.monotonic() - started, 1),
+        "ray": None if sim is None else ("shared" if getattr(sim, "ray", None) is not None else "per-run"),
         **report,
     }
 
@@ -270,7 +280,9 @@ def run_command(args: argparse.Namespace) -> int:
     sim = None
     try:
         if _NEEDS_SIMULATION & set(names):
-            sim = LocalSimulation(APP_DIR, port=args.port, connection=f"fedweigh-bench-{args.port}")
+            sim = LocalSimulation(
+                APP_DIR, port=args.port, connection=f"fedweigh-bench-{args.port}", shared_ray=args.ray == "shared"
+            )
             sim.start()
         for name in names:
             print(f"[benchmark] {name}{' (quick)' if args.quick else ''} ...", file=sys.stderr, flush=True)

@@ -170,21 +170,38 @@ def _pss_bytes(pid: int) -> int:
     return 0
 
 
-def tree_memory_bytes(root: int) -> tuple[int, int]:
-    """``(summed PSS in bytes, process count)`` of ``root`` and everything below it (Linux).
+def tree_pids(roots: int | Sequence[int]) -> list[int]:
+    """``roots`` and every process below them."""
+    children = _process_children()
+    found, stack = [], [roots] if isinstance(roots, int) else list(roots)
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return found
+
+
+def simulation_roots(sim: Any) -> list[int]:
+    """The process trees a simulation runs in: its SuperLink's, and its shared Ray cluster's if any."""
+    roots = [sim.process.pid] if sim.process is not None else [os.getpid()]
+    ray = getattr(sim, "ray", None)
+    if ray is not None and ray.process is not None:
+        roots.append(ray.process.pid)
+    return roots
+
+
+def tree_memory_bytes(roots: int | Sequence[int]) -> tuple[int, int]:
+    """``(summed PSS in bytes, process count)`` of ``roots`` and everything below them (Linux).
 
     PSS, not RSS: summing RSS would count every shared page (torch's libraries,
     Ray's shared object store) once per process that maps it.
     """
-    children = _process_children()
-    total, count, stack = 0, 0, [root]
-    while stack:
-        pid = stack.pop()
+    total, count = 0, 0
+    for pid in tree_pids(roots):
         memory = _pss_bytes(pid)
         if memory:
             total += memory
             count += 1
-        stack.extend(children.get(pid, []))
     return total, count
 
 
@@ -195,7 +212,7 @@ class MemorySampler:
     than the interval can be missed).
     """
 
-    def __init__(self, root: int, interval: float = 0.5) -> None:
+    def __init__(self, root: int | Sequence[int], interval: float = 0.5) -> None:
         self.root = root
         self.interval = interval
         self.samples: list[tuple[float, int, int]] = []  # (monotonic, bytes, processes)
@@ -265,7 +282,7 @@ class CpuSampler:
     from their usage then.
     """
 
-    def __init__(self, root: int, interval: float = 0.5) -> None:
+    def __init__(self, root: int | Sequence[int], interval: float = 0.5) -> None:
         self.root = root
         self.interval = interval
         self.first: dict[int, float] = {}
@@ -275,13 +292,7 @@ class CpuSampler:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _tree(self) -> list[int]:
-        children = _process_children()
-        found, stack = [], [self.root]
-        while stack:
-            pid = stack.pop()
-            found.append(pid)
-            stack.extend(children.get(pid, []))
-        return found
+        return tree_pids(self.root)
 
     def _sample(self, initial: bool = False) -> None:
         for pid in self._tree():

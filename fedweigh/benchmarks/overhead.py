@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from fedweigh.benchmarks.common import APP_DIR, CpuSampler, Setting, run_timed
+from fedweigh.benchmarks.common import APP_DIR, CpuSampler, Setting, run_timed, simulation_roots
 
 __all__ = ["TARGET_RATIO", "federation_overhead", "run_bare", "warm_data_cache"]
 
@@ -110,7 +110,7 @@ def federation_overhead(setting: Setting, sim: Any, output_dir: Path | None = No
     def simulate(index: int) -> None:
         with tempfile.TemporaryDirectory(dir=output_dir) as scratch:
             run_config = {**setting.run_config, "output-dir": scratch, "run-name": f"overhead-{setting.name}-{index}"}
-            with CpuSampler(sim.process.pid if sim.process else os.getpid()) as cpu:
+            with CpuSampler(simulation_roots(sim)) as cpu:
                 timed = run_timed(sim, run_config, setting.num_supernodes, cpus_per_client=os.cpu_count() or 1)
         if not timed.ok:
             raise RuntimeError(f"the simulation of {setting.name} ended {timed.status}")

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from fedweigh.benchmarks.common import MemorySampler, Setting, dataset_folder, run_timed
+from fedweigh.benchmarks.common import MemorySampler, Setting, dataset_folder, run_timed, simulation_roots
 
 __all__ = ["scale", "scale_setting", "time_partition_check"]
 
@@ -77,7 +77,7 @@ def scale(
         for size in sizes:
             setting = scale_setting(size, rounds=rounds)
             config = {**setting.run_config, "output-dir": scratch, "run-name": f"scale-{size}"}
-            with MemorySampler(sim.process.pid, interval=0.25) as memory:
+            with MemorySampler(simulation_roots(sim), interval=0.25) as memory:
                 started = time.monotonic()
                 timed = run_timed(sim, config, setting.num_supernodes, cpus_per_client=1)
             if not timed.ok:

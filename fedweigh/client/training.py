@@ -17,6 +17,7 @@ taken before its step: exactly the quantity FedNolowe weighs.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,6 +40,7 @@ class OptimizerRecipe:
     momentum: float = 0.9
     weight_decay: float = 0.0
     proximal_mu: float = 0.0
+    persist_optimizer_state: bool = False
 
 
 class SampleWeighting(Protocol):
@@ -57,6 +59,7 @@ class TrainStats:
     num_examples: int
     steps: int
     seconds: float
+    momentum: dict[str, torch.Tensor] | None = None  # SGD momentum buffers by parameter name, on the CPU
 
 
 def weighted_cross_entropy(
@@ -84,14 +87,28 @@ def train_locally(
     device: torch.device,
     generator: torch.Generator,
     sample_weighting: SampleWeighting | None = None,
+    momentum: Mapping[str, torch.Tensor] | None = None,
 ) -> TrainStats:
-    """Run ``recipe.local_epochs`` epochs of SGD on ``data`` in place on ``model``."""
+    """Run ``recipe.local_epochs`` epochs of SGD on ``data`` in place on ``model``.
+
+    ``momentum`` (buffers by parameter name, from an earlier call's
+    ``TrainStats.momentum``) starts SGD's momentum where that call left it
+    instead of at zero; buffers whose name or shape no longer match are
+    ignored. The returned stats carry this call's final buffers when
+    ``recipe.persist_optimizer_state`` is set.
+    """
     started = time.perf_counter()
     model.to(device)
     model.train()
+    named = list(model.named_parameters())
     optimizer = torch.optim.SGD(
-        model.parameters(), lr=recipe.learning_rate, momentum=recipe.momentum, weight_decay=recipe.weight_decay
+        [p for _, p in named], lr=recipe.learning_rate, momentum=recipe.momentum, weight_decay=recipe.weight_decay
     )
+    if momentum and recipe.momentum > 0:
+        for name, parameter in named:
+            buffer = momentum.get(name)
+            if buffer is not None and buffer.shape == parameter.shape:
+                optimizer.state[parameter]["momentum_buffer"] = buffer.to(parameter.device, parameter.dtype).clone()
     anchor = [p.detach().clone() for p in model.parameters() if p.requires_grad] if recipe.proximal_mu > 0 else []
     loss_sum = 0.0
     steps = 0
@@ -113,8 +130,16 @@ def train_locally(
                 loss_sum += F.cross_entropy(logits.detach(), labels, reduction="sum").item()
             steps += 1
     seen = recipe.local_epochs * len(data)
+    buffers = None
+    if recipe.persist_optimizer_state and recipe.momentum > 0:
+        states = ((name, optimizer.state.get(parameter, {}).get("momentum_buffer")) for name, parameter in named)
+        buffers = {name: buffer.detach().cpu().contiguous() for name, buffer in states if buffer is not None}
     return TrainStats(
-        train_loss=loss_sum / seen, num_examples=len(data), steps=steps, seconds=time.perf_counter() - started
+        train_loss=loss_sum / seen,
+        num_examples=len(data),
+        steps=steps,
+        seconds=time.perf_counter() - started,
+        momentum=buffers,
     )
 
 

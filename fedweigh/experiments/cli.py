@@ -11,6 +11,7 @@ import sys
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 __all__ = ["add_experiment_parser", "default_app_dir", "default_output_dir", "parse_seeds", "run_command"]
 
@@ -56,14 +57,40 @@ def default_app_dir() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def default_output_dir(name: str, rounds: int | None, seeds: list[int] | None) -> Path:
-    """``outputs/experiments/<name>``; quick overrides get their own folder so they never mix."""
-    suffix = ""
+def default_output_dir(
+    name: str, rounds: int | None, seeds: list[int] | None, settings: dict[str, Any] | None = None
+) -> Path:
+    """``outputs/experiments/<name>``; overrides get their own folder so that runs never mix.
+
+    >>> default_output_dir("grid", None, [1, 2], {"fraction-train": 0.2}).as_posix()
+    'outputs/experiments/grid-fraction-train0.2-seeds1_2'
+    """
+    suffix = "".join(f"-{key}{value}" for key, value in (settings or {}).items())
     if rounds is not None:
         suffix += f"-rounds{rounds}"
     if seeds is not None:
         suffix += "-seeds" + "_".join(map(str, seeds))
     return OUTPUT_ROOT / f"{name}{suffix}"
+
+
+def parse_setting(text: str) -> tuple[str, Any]:
+    """``--set KEY=VALUE`` -> ``(key, value)``, the value read as in ``flwr run --run-config``.
+
+    >>> parse_setting("fraction-train=0.2"), parse_setting("strategy=fedavg")
+    (('fraction-train', 0.2), ('strategy', 'fedavg'))
+    """
+    from fedweigh.launch import parse_run_config
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(f"--set = {text!r}: accepted: KEY=VALUE, e.g. fraction-train=0.2")
+    try:
+        parsed = parse_run_config([f"{key.strip()}={value.strip()}"])
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"--set = {text!r}: {err}") from None
+    if len(parsed) != 1:
+        raise argparse.ArgumentTypeError(f"--set = {text!r}: accepted: one KEY=VALUE per --set")
+    return next(iter(parsed.items()))
 
 
 def add_experiment_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -86,6 +113,16 @@ def add_experiment_parser(subparsers: argparse._SubParsersAction) -> None:
         sub.add_argument("--output-dir", type=Path, default=None, help="default: outputs/experiments/<name>")
         sub.add_argument("--seeds", type=parse_seeds, default=None, help="replace the file's seeds, e.g. 1,2")
         sub.add_argument("--rounds", type=_positive, default=None, help="replace num-server-rounds (a quick look)")
+        sub.add_argument(
+            "--set",
+            dest="settings",
+            type=parse_setting,
+            action="append",
+            default=None,
+            metavar="KEY=VALUE",
+            help="a run-config value for every run, e.g. --set fraction-train=0.2 (repeatable; "
+            "wins over the file's base and arm overrides)",
+        )
         sub.add_argument("--app", type=Path, default=None, help="Flower app dir (default: cwd, else fedweigh's)")
         if name == "run":
             sub.add_argument("--dry-run", action="store_true", help="validate and show the plan; run nothing")
@@ -104,8 +141,10 @@ def run_command(args: argparse.Namespace) -> int:
     app = (args.app or default_app_dir()).expanduser().resolve()
     try:
         defaults = load_app_config(app)
-        experiment = load_experiment(args.file, defaults, seeds=args.seeds, rounds=args.rounds)
-        output_dir = (args.output_dir or default_output_dir(experiment.name, args.rounds, args.seeds)).resolve()
+        settings = dict(args.settings) if args.settings else None
+        experiment = load_experiment(args.file, defaults, seeds=args.seeds, rounds=args.rounds, settings=settings)
+        output_dir = args.output_dir or default_output_dir(experiment.name, args.rounds, args.seeds, settings)
+        output_dir = output_dir.resolve()
         runs, plans = plan_experiment(experiment, output_dir, defaults)
     except (ExperimentError, SimulationError) as err:
         print(f"fedweigh: {err}", file=sys.stderr)

@@ -239,7 +239,9 @@ def run_experiment(
         # file, so that the progress line stays alone on the terminal.
         launcher_log = (logs / "launcher.log").open("a", encoding="utf-8")  # noqa: SIM115
         connection = f"{DEFAULT_CONNECTION}-{port}"
-        sim = simulation or LocalSimulation(app_dir, port=port, connection=connection, out=launcher_log)
+        sim = simulation or LocalSimulation(
+            app_dir, port=port, connection=connection, out=launcher_log, shared_ray=True
+        )
         out.write(f"[experiment] {len(todo)} run(s) to go; Flower's logs go to {logs}\n")
         try:
             if own:

@@ -329,6 +329,7 @@ def load_experiment(
     *,
     seeds: list[int] | None = None,
     rounds: int | None = None,
+    settings: Mapping[str, Any] | None = None,
 ) -> Experiment:
     """Read and check an experiment file (or its parsed content).
 
@@ -343,6 +344,10 @@ def load_experiment(
         Replace the file's seeds (``--seeds``).
     rounds : int, optional
         Replace every arm's ``num-server-rounds`` (``--rounds``, for a quick look).
+    settings : Mapping, optional
+        Run-config values set for every run (``--set KEY=VALUE``): they replace
+        ``[base]`` and any arm's override of the same key, and are checked like
+        the file's own.
 
     Raises
     ------
@@ -365,6 +370,21 @@ def load_experiment(
         raw.setdefault("experiment", {})
         if isinstance(raw["experiment"], Mapping):
             raw["experiment"] = {**raw["experiment"], "seeds": list(seeds)}
+    if settings:
+        unknown = [f"{key}={value!r}" for key, value in settings.items() if key not in app_defaults]
+        if unknown:
+            raise ExperimentError(
+                f"--set {', '.join(unknown)}: unknown run-config key; accepted: the keys of the app's "
+                "[tool.flwr.app.config] (README: Settings)"
+            )
+        raw["base"] = {**raw.get("base", {}), **settings} if isinstance(raw.get("base", {}), Mapping) else raw["base"]
+        if isinstance(raw.get("arms"), list):
+            raw["arms"] = [
+                {**arm, "overrides": {**arm["overrides"], **settings}}
+                if isinstance(arm, Mapping) and isinstance(arm.get("overrides"), Mapping)
+                else arm
+                for arm in raw["arms"]
+            ]
     if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1):
         raise ExperimentError(f"{label}: --rounds = {rounds!r}: accepted: an integer >= 1")
     try:

@@ -28,6 +28,14 @@ string attributes, both usable with ``model.get_submodule``:
 ``classifier_layer``
     The final ``nn.Linear`` producing the logits (``fc2``, ``fc3`` or ``fc``).
 
+A model class may also set ``cpu_channels_last = True``: :func:`on_device`
+then keeps its weights channels-last (NHWC) on a CPU, which made the small
+CNNs' training 1.4-1.7x and their inference 2.4-3x faster on the project's
+machine (PyTorch's NCHW CPU max-pooling alone was 7x slower than NHWC); the
+ResNets were not faster and do not set it. Results are the same up to float
+rounding; inputs stay NCHW (a convolution with channels-last weights returns
+channels-last output).
+
 Examples
 --------
 >>> from fedweigh.models import build_model
@@ -43,6 +51,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
+import torch
 from torch import nn
 
 from fedweigh.models.cnn import FashionCNN, FedOUICNN
@@ -176,3 +185,10 @@ def _builder(name: str) -> Callable[..., nn.Module]:
         return MODEL_BUILDERS[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown model {name!r}; accepted names: {', '.join(model_names())}") from None
+
+
+def on_device(model: nn.Module, device: torch.device) -> nn.Module:
+    """``model`` on ``device``, in the memory format that is fastest there (see the module docstring)."""
+    if device.type == "cpu" and getattr(model, "cpu_channels_last", False):
+        model = model.to(memory_format=torch.channels_last)
+    return model.to(device)

@@ -50,6 +50,8 @@ class VGG9(nn.Module):
     torch.Size([2, 10])
     """
 
+    cpu_channels_last = True  # faster on CPU in NHWC: see fedweigh.models.on_device
+
     probe_layer: str = "fc2"
     classifier_layer: str = "fc3"
 

@@ -39,6 +39,7 @@ def training_recipe(settings: Settings) -> dict[str, RecipeValue]:
         "learning-rate": settings.learning_rate,
         "momentum": settings.momentum,
         "weight-decay": settings.weight_decay,
+        "persist-optimizer-state": settings.persist_optimizer_state,
         "proximal-mu": 0.0,
     }
 
