@@ -126,6 +126,29 @@ def test_set_overrides_base_and_arm_overrides_and_is_checked():
         load_experiment(experiment_table(), DEFAULTS, settings={"fraction-train": 2})
 
 
+def test_a_grid_whose_data_cannot_be_split_fails_before_any_run(tmp_path, capsys):
+    table = experiment_table(
+        experiment={"name": "split", "seeds": [1], "num-supernodes": 30},
+        base={"dataset": "digits", "partitioner": "iid", "train-subset": 20, "num-server-rounds": 1},
+    )
+    experiment = load_experiment(table, DEFAULTS)
+    with pytest.raises(ExperimentError) as caught:
+        run_experiment(experiment, tmp_path, REPO, DEFAULTS, port=1, out=io.StringIO())  # port 1: nothing may start
+    message = str(caught.value)
+    assert "fedavg-seed1: setting dataset = 'digits' with 30 partitions" in message
+    assert "fedoui-seed1" in message and "nothing was run" in message
+    assert not (tmp_path / "runs").exists()
+
+    path = tmp_path / "split.toml"
+    path.write_text(
+        '[experiment]\nname = "split"\nseeds = [1]\nnum-supernodes = 30\n'
+        '[base]\ndataset = "digits"\npartitioner = "iid"\ntrain-subset = 20\n'
+        '[[arms]]\nname = "a"\nstrategy = "fedavg"\n'
+    )
+    assert main(["experiment", "run", str(path), "--output-dir", str(tmp_path / "o"), "--dry-run"]) == 2
+    assert "a-seed1: setting dataset = 'digits' with 30 partitions" in capsys.readouterr().err
+
+
 def test_set_on_the_command_line_gets_its_own_output_folder(tmp_path, capsys):
     path = tmp_path / "grid.toml"
     path.write_text('[experiment]\nname = "grid"\nseeds = [1]\n[[arms]]\nname = "a"\nstrategy = "fedavg"\n')

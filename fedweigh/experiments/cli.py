@@ -134,7 +134,7 @@ def run_command(args: argparse.Namespace) -> int:
     """Handler of ``fedweigh experiment ...``; returns the exit code."""
     from fedweigh.experiments.grid import Action
     from fedweigh.experiments.report import SamplingMismatchError, write_report
-    from fedweigh.experiments.runner import format_duration, plan_experiment, run_experiment
+    from fedweigh.experiments.runner import data_problems, format_duration, plan_experiment, run_experiment
     from fedweigh.experiments.spec import ExperimentError, load_experiment
     from fedweigh.launch import SimulationError, load_app_config
 
@@ -165,12 +165,18 @@ def run_command(args: argparse.Namespace) -> int:
         if args.dry_run:
             for plan in plans:
                 print(f"  {plan.run.name:<32} {plan.action.value:<7} {plan.note}")
-            return 0
+            problems = data_problems(todo, defaults, experiment.spec.experiment.num_supernodes)
+            for problem in problems:
+                print(f"fedweigh: {problem}", file=sys.stderr)
+            return 2 if problems else 0
         started = time.monotonic()
         outcome = run_experiment(experiment, output_dir, app, defaults, port=args.port, echo=args.echo)
     except SamplingMismatchError as err:
         print(f"fedweigh: {err}", file=sys.stderr)
         return 1
+    except ExperimentError as err:
+        print(f"fedweigh: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("fedweigh: interrupted; run the same command again to resume", file=sys.stderr)
         return 130

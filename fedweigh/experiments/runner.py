@@ -30,7 +30,7 @@ from fedweigh.experiments.grid import (
     record_segment,
 )
 from fedweigh.experiments.report import Report, write_report
-from fedweigh.experiments.spec import Experiment
+from fedweigh.experiments.spec import Experiment, ExperimentError
 
 __all__ = ["GridProgress", "RoundLine", "format_duration", "parse_round_line", "plan_experiment", "run_experiment"]
 
@@ -193,6 +193,39 @@ def plan_experiment(
     return runs, plan_grid(runs, expected)
 
 
+def data_problems(
+    plans: Sequence[RunPlan], app_defaults: dict[str, Any], num_partitions: int, cwd: Path | None = None
+) -> list[str]:
+    """Runs whose data cannot be split ``num_partitions`` ways, each with the reason.
+
+    Checked once per distinct split (dataset, partitioner, seed, ...), before
+    anything runs: otherwise a grid learns that, say, Flower Datasets'
+    Dirichlet partitioner gives up for seed 3 only when it reaches seed 3's
+    runs, possibly hours in.
+    """
+    from fedweigh.components import data_spec
+    from fedweigh.launch import prepare_run_config
+    from fedweigh.server_app import check_partitions
+    from fedweigh.settings import parse_settings
+
+    cwd = Path.cwd() if cwd is None else Path(cwd)
+    verdicts: dict[Any, str | None] = {}
+    problems = []
+    for plan in plans:
+        config = prepare_run_config(plan.run.run_config, app_defaults, cwd)
+        settings = parse_settings({**app_defaults, **config})
+        split = data_spec(settings, num_partitions)
+        if split not in verdicts:
+            try:
+                check_partitions(settings, num_partitions)
+                verdicts[split] = None
+            except ValueError as err:
+                verdicts[split] = str(err)
+        if verdicts[split] is not None:
+            problems.append(f"{plan.run.name}: {verdicts[split]}")
+    return problems
+
+
 @dataclass(frozen=True)
 class GridOutcome:
     """What ``run_experiment`` did."""
@@ -233,6 +266,10 @@ def run_experiment(
     progress = GridProgress(plans, out=out)
     failed: list[str] = []
     spec = experiment.spec.experiment
+    if problems := data_problems(todo, app_defaults, spec.num_supernodes):
+        raise ExperimentError(
+            "runs whose data cannot be split, nothing was run:\n" + "\n".join(f"  - {problem}" for problem in problems)
+        )
     if todo:
         own = simulation is None
         # The launcher's own messages (SuperLink start, each `flwr run` command) go to a log
