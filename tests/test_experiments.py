@@ -120,6 +120,7 @@ def test_set_overrides_base_and_arm_overrides_and_is_checked():
     assert [config["fraction-train"] for config in experiment.arm_configs.values()] == [1.0, 1.0]
     assert all(config["learning-rate"] == 0.05 for config in experiment.arm_configs.values())
     assert experiment.arm_configs["fedoui"]["fedoui.window"] == 2  # the arm's other overrides stay
+    assert experiment.settings == {"fraction-train": 1.0, "learning-rate": 0.05}
     with pytest.raises(ExperimentError, match=r"--set lerning-rate=0\.1: unknown run-config key"):
         load_experiment(experiment_table(), DEFAULTS, settings={"lerning-rate": 0.1})
     with pytest.raises(ExperimentError, match=r"arm 'fedavg': fraction-train = 2"):
@@ -368,6 +369,12 @@ def test_results_csv_and_summary_hold_the_scores_and_the_papers_numbers(tmp_path
     assert f"{final_mean:.4f} ± {final_std:.4f} (paper 0.5000 ± 0.0200)" in summary
     assert "(paper 0.4000)" in summary
     assert "Client sampling: identical across arms." in summary
+    assert "--set" not in summary
+
+    experiment.settings["fraction-train"] = 0.3  # as if run with --set fraction-train=0.3
+    summary = write_report(experiment, runs, tmp_path, plots=False).summary_md.read_text()
+    assert "over the file: `fraction-train = 0.3`." in summary
+    assert "not necessarily for the values set with `--set`" in summary
 
 
 def test_different_client_sampling_fails_the_report_loudly(tmp_path):

@@ -342,6 +342,9 @@ def render_summary(
     lines = [f"# {spec.name}", ""]
     if spec.description:
         lines += [spec.description.strip(), ""]
+    if experiment.settings:
+        values = ", ".join(f"`{key} = {value}`" for key, value in experiment.settings.items())
+        lines += [f"Set for every run on the command line (`--set`), over the file: {values}.", ""]
     if not sampling.ok:
         lines += [
             "**WARNING: client sampling differs between arms of the same seed; the comparison is not paired.**",
@@ -368,7 +371,10 @@ def render_summary(
     lines.append("")
     if has_paper:
         source = f": {spec.paper_source}" if spec.paper_source else ""
-        lines += [f"(paper ...) = the numbers the paper reports{source}.", ""]
+        lines.append(f"(paper ...) = the numbers the paper reports{source}.")
+        if experiment.settings:
+            lines.append("They are for the file's own setting, not necessarily for the values set with `--set`.")
+        lines.append("")
     verdict = "identical across arms" if sampling.ok else "NOT identical across arms"
     lines.append(f"Client sampling: {verdict}.")
     lines += [f"- {line}" for line in sampling.lines]

@@ -46,7 +46,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -224,11 +224,15 @@ class Experiment:
         Arm name to its flat run-config overrides: ``[base]``, then the
         arm's ``overrides``, then ``strategy`` (seed, output dir and run name
         are added per run by :mod:`fedweigh.experiments.grid`).
+    settings : dict[str, Any]
+        Values set for every run on the command line (``--set``), already in
+        ``arm_configs``; kept to say so in the report.
     """
 
     spec: ExperimentSpec
     path: Path | None
     arm_configs: dict[str, dict[str, Any]]
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -396,4 +400,4 @@ def load_experiment(
     if problems:
         lines = "\n".join(f"  - {problem}" for problem in problems)
         raise ExperimentError(f"invalid experiment file {label}:\n{lines}")
-    return Experiment(spec=spec, path=path, arm_configs=configs)
+    return Experiment(spec=spec, path=path, arm_configs=configs, settings=dict(settings or {}))
