@@ -103,7 +103,8 @@ def client_seed(seed: int, server_round: int, partition_id: int) -> int:
 
 @functools.lru_cache(maxsize=2)
 def _cached_model(settings: Settings) -> nn.Module:
-    return new_model(settings)
+    """This process's model for ``settings``, built once, on its device in its fastest memory format."""
+    return on_device(new_model(settings), resolve_device(settings.device))
 
 
 def _recipe(config: ConfigRecord) -> OptimizerRecipe:
@@ -122,7 +123,7 @@ def _setup(message: Message, context: Context) -> tuple[Settings, nn.Module, tor
     configure_torch()
     settings = settings_from(context.run_config)
     device = resolve_device(settings.device)
-    model = on_device(_cached_model(settings), device)
+    model = _cached_model(settings)
     model.load_state_dict(message.content["arrays"].to_torch_state_dict())
     return settings, model, device
 

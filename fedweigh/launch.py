@@ -719,8 +719,51 @@ class ProcessTree:
         return killed + self.kill(left)
 
 
-class RayHead:
-    """A local Ray cluster (``ray start --head --block``) shared by the runs of one SuperLink.
+class RayNode:
+    """One Ray node run by ``ray start --block <argv>``; all its processes stay below that one.
+
+    :meth:`start` returns once the node is up; :meth:`stop` terminates it
+    (``ray start --block`` stops its node on SIGTERM) and SIGKILLs leftovers.
+    """
+
+    STARTED = "Ray runtime started"
+
+    def __init__(self, argv: list[str], log_path: Path, env: Mapping[str, str], startup_timeout: float = 120.0) -> None:
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.env = {**env, "RAY_USAGE_STATS_ENABLED": "0"}
+        self.startup_timeout = startup_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+        self.tree: ProcessTree | None = None
+        self.startup_seconds: float | None = None
+
+    def start(self) -> None:
+        t0 = time.monotonic()
+        with self.log_path.open("wb") as log:
+            self.process = spawn_logged([_executable("ray"), "start", "--block", *self.argv], log, self.env)
+        self.tree = ProcessTree(self.process.pid, self.process)
+        while self.STARTED not in self.log_path.read_text(errors="replace"):
+            if self.process.poll() is not None or time.monotonic() - t0 > self.startup_timeout:
+                self.stop()
+                log = _tail(self.log_path)
+                raise SimulationError(f"the Ray node did not start; see {self.log_path}:\n{log}")
+            time.sleep(0.1)
+        self.startup_seconds = time.monotonic() - t0
+
+    def stop(self) -> list[int]:
+        """Terminate the node; returns the SIGKILLed pids."""
+        if self.tree is None:
+            return []
+        killed = self.tree.terminate(grace=15.0, settle=5.0)
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.process, self.tree = None, None
+        return killed
+
+
+class RayHead(RayNode):
+    """A local Ray cluster (a head node alone) shared by the runs of one SuperLink.
 
     Flower 1.41 starts a Ray cluster inside every run's ``flwr-simulation``
     process (``ray.init()``) and shuts it down at the end: about 4-5 s per run
@@ -733,70 +776,24 @@ class RayHead:
     folder its own (Ray's default one, ``/tmp/ray``, would record it as the
     machine's current cluster, which every later ``ray.init()`` without an
     address, Flower's per-run one included, would then try to join, even once
-    it is stopped), so it does not collide with another Ray on the machine; its
-    processes all stay below the ``ray start --block`` process, which
-    :meth:`stop` terminates.
+    it is stopped), so it does not collide with another Ray on the machine.
     """
 
-    STARTED = "Ray runtime started"
-
     def __init__(self, env: Mapping[str, str], log_path: Path, startup_timeout: float = 120.0) -> None:
-        self.env = {**env, "RAY_USAGE_STATS_ENABLED": "0"}
-        self.log_path = log_path
-        self.startup_timeout = startup_timeout
         self.port = free_port()
         # Short: Ray's socket paths live below it and must fit in 107 bytes.
         self.temp_dir = Path(tempfile.mkdtemp(prefix=f"fwray{self.port}-", dir="/tmp"))
-        self.process: subprocess.Popen[bytes] | None = None
-        self.tree: ProcessTree | None = None
-        self.startup_seconds: float | None = None
+        argv = ["--head", "--node-ip-address", "127.0.0.1", "--port", str(self.port)]
+        argv += ["--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", str(self.temp_dir)]
+        argv += free_port_options("dashboard-agent-listen-port", "ray-client-server-port", "metrics-export-port")
+        super().__init__(argv, log_path, env, startup_timeout)
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def command(self) -> list[str]:
-        ports = ("dashboard-agent-listen-port", "ray-client-server-port", "metrics-export-port")
-        return [
-            _executable("ray"),
-            "start",
-            "--head",
-            "--block",
-            "--node-ip-address",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--include-dashboard",
-            "false",
-            "--disable-usage-stats",
-            "--temp-dir",
-            str(self.temp_dir),
-            *(arg for name in ports for arg in (f"--{name}", str(free_port()))),
-        ]
-
-    def start(self) -> None:
-        cmd = self.command()
-        t0 = time.monotonic()
-        with self.log_path.open("wb") as log:
-            self.process = spawn_logged(cmd, log, self.env)
-        self.tree = ProcessTree(self.process.pid, self.process)
-        while self.STARTED not in self.log_path.read_text(errors="replace"):
-            if self.process.poll() is not None or time.monotonic() - t0 > self.startup_timeout:
-                self.stop()
-                log = _tail(self.log_path)
-                raise SimulationError(f"the shared Ray cluster did not start; see {self.log_path}:\n{log}")
-            time.sleep(0.1)
-        self.startup_seconds = time.monotonic() - t0
-
     def stop(self) -> list[int]:
-        """Terminate the node (``ray start --block`` stops it on SIGTERM); SIGKILL leftovers."""
-        if self.tree is None:
-            return []
-        killed = self.tree.terminate(grace=15.0, settle=5.0)
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self.process, self.tree = None, None
+        killed = super().stop()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         return killed
 
@@ -817,6 +814,11 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_port_options(*names: str) -> list[str]:
+    """``--<name> <free port>`` for each name (``ray start`` options), so a node shares no port with another."""
+    return [arg for name in names for arg in (f"--{name}", str(free_port()))]
 
 
 def terminate_process_tree(pid: int, grace: float = 10.0, popen: subprocess.Popen[Any] | None = None) -> list[int]:

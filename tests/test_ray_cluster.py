@@ -21,52 +21,41 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from conftest import REPO
-from virtual_federation import free_port
 
-from fedweigh.launch import LocalSimulation, ProcessTree, build_federation_config, simulation_env
+from fedweigh.launch import (
+    LocalSimulation,
+    ProcessTree,
+    RayNode,
+    build_federation_config,
+    free_port,
+    free_port_options,
+    simulation_env,
+)
 from fedweigh.results import read_metrics
 
-RAY = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"  # this interpreter's Ray
 OBJECT_STORE_BYTES = 80_000_000  # per node; the default (30% of RAM) is far more than a test needs
 
 
-class RayNode:
-    """One ``ray start --block`` process: a Ray node whose processes all stay below it."""
+class Observer:
+    """The command lines of every process seen below a Ray node."""
 
-    def __init__(self, argv: list[str], log: Path, env: dict[str, str]) -> None:
-        self.log = log
-        with log.open("wb") as out:
-            self.popen = subprocess.Popen(
-                [RAY, "start", "--block", *argv],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
-        self.tree = ProcessTree(self.popen.pid, self.popen)
-        self.titles: set[tuple[int, str]] = set()  # (pid, command line) of every process seen below it
-
-    def wait_started(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while "Ray runtime started" not in self.log.read_text(errors="replace"):
-            if self.popen.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"Ray node did not start:\n{self.log.read_text(errors='replace')}")
-            time.sleep(0.2)
+    def __init__(self, node: RayNode) -> None:
+        self.node = node
+        self.titles: set[tuple[int, str]] = set()  # (pid, command line)
 
     def observe(self) -> None:
-        """Remember the command lines of the processes now running below this node."""
-        self.tree.refresh()
-        for pid, _ in self.tree.known:
+        """Remember the command lines of the processes now running below the node."""
+        tree = self.node.tree
+        if tree is None:
+            return
+        tree.refresh()
+        for pid, _ in tree.known:
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
             except OSError:
@@ -76,28 +65,25 @@ class RayNode:
     def actor_pids(self, name: str) -> set[int]:
         return {pid for pid, cmdline in self.titles if cmdline.startswith(f"ray::{name}")}
 
-    def stop(self) -> list[int]:
-        """SIGTERM ``ray start --block`` (it stops its node), then SIGKILL leftovers."""
-        return self.tree.terminate(grace=15.0, settle=5.0)
-
 
 class Watcher(threading.Thread):
-    """Calls ``observe()`` on each node every half second until stopped."""
+    """Calls ``observe()`` on each observer every half second until stopped."""
 
-    def __init__(self, nodes: list[RayNode]) -> None:
+    def __init__(self, observers: list[Observer]) -> None:
         super().__init__(daemon=True)
-        self.nodes = nodes
+        self.observers = observers
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.wait(0.5):
-            for node in self.nodes:
-                node.observe()
+            for observer in self.observers:
+                observer.observe()
 
-
-def ports(*names: str) -> list[str]:
-    """``--name <free port>`` for each name: this cluster shares no port with another Ray."""
-    return [arg for name in names for arg in (f"--{name}", str(free_port()))]
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
+        for observer in self.observers:
+            observer.observe()
 
 
 @pytest.fixture(scope="module")
@@ -125,28 +111,37 @@ def ray_cluster():
                 "--temp-dir",
                 str(temp / "ray"),
                 *common,
-                *ports(*node_ports, "ray-client-server-port"),
+                *free_port_options(*node_ports, "ray-client-server-port"),
             ],
             temp / "head.log",
             env,
         )
         nodes.append(head)
-        head.wait_started()
+        head.start()
         worker = RayNode(
-            ["--address", f"127.0.0.1:{port}", "--num-cpus", "2", "--num-gpus", "1", *common, *ports(*node_ports)],
+            [
+                "--address",
+                f"127.0.0.1:{port}",
+                "--num-cpus",
+                "2",
+                "--num-gpus",
+                "1",
+                *common,
+                *free_port_options(*node_ports),
+            ],
             temp / "worker.log",
             env,
         )
         nodes.append(worker)
-        worker.wait_started()
+        worker.start()
         yield {"address": f"127.0.0.1:{port}", "head": head, "worker": worker, "temp": temp}
     finally:
+        trees = [node.tree for node in nodes if node.tree is not None]
         for node in reversed(nodes):
             node.stop()
         alive = []
-        for node in nodes:
-            table = node.tree.refresh()
-            alive += [pid for pid, _ in ProcessTree._living({node.tree.root, *node.tree.known}, table)]
+        for tree in trees:
+            alive += [pid for pid, _ in ProcessTree._living({tree.root, *tree.known}, tree.refresh())]
         shutil.rmtree(temp, ignore_errors=True)
         assert not alive, f"Ray processes left behind: {alive}"
 
@@ -173,7 +168,8 @@ def test_simulation_runs_on_the_second_node_of_an_existing_cluster(ray_cluster, 
     head, worker = ray_cluster["head"], ray_cluster["worker"]
     simulation = LocalSimulation(REPO, port=free_port(), flwr_home=tmp_path / "flwr-home")
     simulation.env["RAY_ADDRESS"] = ray_cluster["address"]  # what attaches Flower to the cluster
-    watcher = Watcher([head, worker])
+    on_head, on_worker = Observer(head), Observer(worker)
+    watcher = Watcher([on_head, on_worker])
     watcher.start()
     try:
         with simulation:
@@ -186,63 +182,42 @@ def test_simulation_runs_on_the_second_node_of_an_existing_cluster(ray_cluster, 
                 log_path=tmp_path / "run.log",
             )
     finally:
-        watcher.done.set()
-        watcher.join()
+        watcher.stop()
     log = (tmp_path / "run.log").read_text()
     assert outcome.ok, f"{outcome.status} {outcome.details}\n{log[-3000:]}"
     assert [row["round"] for row in read_metrics(tmp_path / "ray")] == [1, 2]
-    assert len(worker.actor_pids("ClientAppActor")) == 2  # min(2 CPUs / 1, 1 GPU / 0.5)
-    assert head.actor_pids("ClientAppActor") == set()  # the head has no GPU to give
+    assert len(on_worker.actor_pids("ClientAppActor")) == 2  # min(2 CPUs / 1, 1 GPU / 0.5)
+    assert on_head.actor_pids("ClientAppActor") == set()  # the head has no GPU to give
     logged = {int(pid) for pid in re.findall(r"ClientAppActor pid=(\d+)", log)}
-    assert logged <= worker.actor_pids("ClientAppActor")
+    assert logged <= on_worker.actor_pids("ClientAppActor")
 
 
 def test_shared_ray_cluster_serves_every_run_and_is_stopped_with_the_superlink(tmp_path):
     """The experiment runner's mode: one Ray head for all runs; each run still gets its own actors."""
     simulation = LocalSimulation(REPO, port=free_port(), flwr_home=tmp_path / "flwr-home", shared_ray=True)
-    actors: dict[int, str] = {}  # pid -> command line of each ClientApp actor seen below the head
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.wait(0.3):
-            if simulation.ray is None or simulation.ray.tree is None:
-                continue
-            simulation.ray.tree.refresh()
-            for pid, _ in simulation.ray.tree.known:
-                try:
-                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-                except OSError:
-                    continue
-                if cmdline.startswith("ray::ClientAppActor"):
-                    actors[pid] = cmdline
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
     outcomes, per_run = [], []
-    try:
-        with simulation:
-            head = simulation.ray
-            assert head is not None and simulation.env["RAY_ADDRESS"] == head.address
-            # Not recorded as the machine's current cluster: a later ray.init() without an address
-            # (Flower's own per-run cluster) must not try to join it, running or stopped.
-            current = Path("/tmp/ray/ray_current_cluster")
-            assert not current.is_file() or f":{head.port}" not in current.read_text()
-            head_tree = head.tree
+    with simulation:
+        head = simulation.ray
+        assert head is not None and simulation.env["RAY_ADDRESS"] == head.address
+        # Not recorded as the machine's current cluster: a later ray.init() without an address
+        # (Flower's own per-run cluster) must not try to join it, running or stopped.
+        current = Path("/tmp/ray/ray_current_cluster")
+        assert not current.is_file() or f":{head.port}" not in current.read_text()
+        head_tree = head.tree
+        on_head = Observer(head)
+        watcher = Watcher([on_head])
+        watcher.start()
+        try:
             for index in range(2):
-                before = set(actors)
+                before = on_head.actor_pids("ClientAppActor")
                 config = {"num-server-rounds": 1, "output-dir": str(tmp_path), "run-name": f"r{index}"}
                 outcomes.append(
-                    simulation.run(
-                        config,
-                        num_supernodes=2,
-                        echo=False,
-                        log_path=tmp_path / f"run{index}.log",
-                    )
+                    simulation.run(config, num_supernodes=2, echo=False, log_path=tmp_path / f"run{index}.log")
                 )
-                per_run.append(set(actors) - before)
-    finally:
-        stop.set()
-        watcher.join()
+                on_head.observe()
+                per_run.append(on_head.actor_pids("ClientAppActor") - before)
+        finally:
+            watcher.stop()
     assert all(outcome.ok for outcome in outcomes), [(o.status, o.details) for o in outcomes]
     assert all(actors_of_run for actors_of_run in per_run), "every run's ClientApps ran on the shared cluster"
     assert not per_run[0] & per_run[1], "a run's actors are its own, never reused by the next run"

@@ -168,7 +168,7 @@ def render_table(name: str, report: dict[str, Any]) -> str:
                 _fmt(r["ufl_mc_seconds"], 3),
                 _fmt(r["ufl_seconds"], 3),
                 f"{r['ratio']:.2f}x",
-                f"{r['ufl_mc_seconds'] / r['fedavg_seconds']:.2f}x",
+                f"{r['mc_ratio']:.2f}x",
                 f"{r['naive_ratio']:.2f}x",
             ]
             for r in report["models"]

@@ -149,16 +149,6 @@ def digits_small(rounds: int = 3) -> Setting:
 # --------------------------------------------------------------------------- memory
 
 
-def _process_children() -> dict[int, list[int]]:
-    """ppid -> child pids, from the launcher's process table (one /proc reader)."""
-    from fedweigh.launch import _process_table
-
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in _process_table().items():
-        children.setdefault(ppid, []).append(pid)
-    return children
-
-
 def _pss_bytes(pid: int) -> int:
     """Proportional set size: shared pages (libraries, Ray's object store) split among their users."""
     try:
@@ -171,13 +161,13 @@ def _pss_bytes(pid: int) -> int:
 
 
 def tree_pids(roots: int | Sequence[int]) -> list[int]:
-    """``roots`` and every process below them."""
-    children = _process_children()
-    found, stack = [], [roots] if isinstance(roots, int) else list(roots)
-    while stack:
-        pid = stack.pop()
-        found.append(pid)
-        stack.extend(children.get(pid, []))
+    """``roots`` and every process below them (the launcher's process table and tree walk)."""
+    from fedweigh.launch import _descendants, _process_table
+
+    table = _process_table()
+    found = [roots] if isinstance(roots, int) else list(roots)
+    for root in list(found):
+        found += [pid for pid, _ in _descendants(root, table)]
     return found
 
 

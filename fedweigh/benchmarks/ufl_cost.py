@@ -63,6 +63,12 @@ def _seconds(function: Any) -> float:
     return time.perf_counter() - started
 
 
+def _fresh_model(model_name: str, device: torch.device) -> torch.nn.Module:
+    """The model as a ClientApp holds it on ``device`` (:func:`fedweigh.models.on_device`)."""
+    channels, size, _ = PAPER_MODELS[model_name]
+    return on_device(build_model(model_name, num_classes=10, in_channels=channels, image_size=size), device)
+
+
 def _ufl_step(
     model: torch.nn.Module,
     data: ImageTensors,
@@ -83,12 +89,11 @@ def _measure_once(
     model_name: str, data: ImageTensors, transform: BatchTransform, recipe: OptimizerRecipe, mc_passes: int
 ) -> dict[str, float]:
     """One timing of each client: FedAvg's epoch; UFL's MC step (cheap, naive) and its weighted epoch."""
-    channels, size, _ = PAPER_MODELS[model_name]
     device = torch.device("cpu")
     seconds: dict[str, float] = {}
     for label, cheap in (("fedavg", None), ("ufl", True), ("ufl_naive", False)):
         torch.manual_seed(0)
-        model = on_device(build_model(model_name, num_classes=10, in_channels=channels, image_size=size), device)
+        model = _fresh_model(model_name, device)
         generator = torch.Generator().manual_seed(1)
         weighting = None
         if cheap is not None:
@@ -117,7 +122,7 @@ def client_costs(
     device = torch.device("cpu")
     # First-call costs (allocator, oneDNN kernels for each batch shape) of every path, paid once per
     # ClientApp process in a federation, are paid here before anything is timed.
-    warm_up = on_device(build_model(model_name, num_classes=10, in_channels=channels, image_size=size), device)
+    warm_up = _fresh_model(model_name, device)
     train_locally(warm_up, data, recipe, transform, device, torch.Generator().manual_seed(0))
     for cheap in (True, False):
         _ufl_step(warm_up, data, transform, device, mc_passes, cheap)

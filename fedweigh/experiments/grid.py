@@ -37,10 +37,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedweigh.experiments.spec import Experiment, ExperimentError, flatten_tables
 from fedweigh.results import CHECKPOINT_FILE, CONFIG_FILE, SUMMARY_FILE, Checkpoint
+
+if TYPE_CHECKING:
+    from fedweigh.settings import Settings
 
 __all__ = [
     "RUNS_FOLDER",
@@ -50,6 +53,7 @@ __all__ = [
     "RunPlan",
     "expand_grid",
     "expected_settings",
+    "run_settings",
     "inspect_run",
     "plan_grid",
     "read_run_record",
@@ -252,13 +256,17 @@ def inspect_run(run: PlannedRun, expected_settings: Mapping[str, Any] | None = N
     return RunPlan(run, Action.START, 0, "no checkpoint, starting over")
 
 
-def expected_settings(run: PlannedRun, app_defaults: Mapping[str, Any], cwd: Path) -> dict[str, Any]:
-    """The settings ``run`` records in its ``config.json`` (paths resolved as ``flwr run`` gets them)."""
+def run_settings(run: PlannedRun, app_defaults: Mapping[str, Any], cwd: Path) -> Settings:
+    """The settings ``run`` trains with (paths resolved as ``flwr run`` gets them)."""
     from fedweigh.launch import prepare_run_config
     from fedweigh.settings import parse_settings
 
-    config = prepare_run_config(run.run_config, app_defaults, cwd)
-    settings = parse_settings({**app_defaults, **config}).model_dump(by_alias=True)
+    return parse_settings({**app_defaults, **prepare_run_config(run.run_config, app_defaults, cwd)})
+
+
+def expected_settings(run: PlannedRun, app_defaults: Mapping[str, Any], cwd: Path) -> dict[str, Any]:
+    """The settings ``run`` records in its ``config.json``."""
+    settings = run_settings(run, app_defaults, cwd).model_dump(by_alias=True)
     return json.loads(json.dumps(settings, default=str))
 
 

@@ -28,6 +28,7 @@ from fedweigh.experiments.grid import (
     expected_settings,
     plan_grid,
     record_segment,
+    run_settings,
 )
 from fedweigh.experiments.report import Report, write_report
 from fedweigh.experiments.spec import Experiment, ExperimentError
@@ -204,16 +205,13 @@ def data_problems(
     runs, possibly hours in.
     """
     from fedweigh.components import data_spec
-    from fedweigh.launch import prepare_run_config
     from fedweigh.server_app import check_partitions
-    from fedweigh.settings import parse_settings
 
     cwd = Path.cwd() if cwd is None else Path(cwd)
     verdicts: dict[Any, str | None] = {}
     problems = []
     for plan in plans:
-        config = prepare_run_config(plan.run.run_config, app_defaults, cwd)
-        settings = parse_settings({**app_defaults, **config})
+        settings = run_settings(plan.run, app_defaults, cwd)
         split = data_spec(settings, num_partitions)
         if split not in verdicts:
             try:
