@@ -1,9 +1,12 @@
-"""The ClientApp's data warm-up: the query starts loading the node's data, once per process."""
+"""The ClientApp: its data warm-up (started by the query, once per process) and the state it keeps."""
 
 from __future__ import annotations
 
-from flwr.app import Context, RecordDict
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
+from fedweigh import client_app
+from fedweigh.client.training import TrainStats
 from fedweigh.client_app import warm_data
 from fedweigh.data.federated import _load_partition, clear_caches
 
@@ -38,3 +41,34 @@ def test_a_node_without_a_partition_still_answers_and_loads_nothing():
     thread = warm_data(context)
     assert thread is not None
     thread.join(timeout=60)  # the failure (no partition) is left to the train message, not raised here
+
+
+def test_the_client_app_keeps_momentum_in_its_context_state(monkeypatch):
+    """persist-optimizer-state (FedNolowe's clients, spec A12).
+
+    The ClientApp stores the buffers in Context.state and hands them to the next round's training.
+    """
+    seen = []
+
+    def fake_train(model, data, recipe, transform, device, generator, weighting=None, momentum=None):
+        seen.append(momentum)
+        buffers = {name: torch.full_like(p, float(len(seen))) for name, p in model.named_parameters()}
+        kept = buffers if recipe.persist_optimizer_state else None
+        return TrainStats(1.0, len(data), 1, 0.0, momentum=kept)
+
+    monkeypatch.setattr(client_app, "train_locally", fake_train)
+    context = node_context(0, {"dataset": "digits", "model": "mlp"})
+    model = client_app.new_model(client_app.settings_from(context.run_config))
+    for server_round in (1, 2):
+        config = {"server-round": server_round, "local-epochs": 1, "batch-size": 8, "learning-rate": 0.1}
+        config |= {"momentum": 0.9, "weight-decay": 0.0, "persist-optimizer-state": True}
+        message = Message(
+            RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord(config)}),
+            dst_node_id=context.node_id,
+            message_type="train",
+        )
+        client_app.train(message, context)
+    assert seen[0] is None
+    assert all(torch.equal(t, torch.ones_like(t)) for t in seen[1].values())
+    assert set(seen[1]) == {name for name, _ in model.named_parameters()}
+    assert isinstance(context.state[client_app.MOMENTUM_STATE], ArrayRecord)

@@ -14,7 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from fedweigh.client.training import OptimizerRecipe, TrainStats, train_locally
+from fedweigh.client.training import OptimizerRecipe, train_locally
 from fedweigh.data.loader import batches
 from fedweigh.data.sources import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
@@ -528,41 +528,3 @@ def test_momentum_is_not_kept_unless_asked():
         tiny_model(), data, OptimizerRecipe(batch_size=4), transform, torch.device("cpu"), torch.Generator()
     )
     assert stats.momentum is None
-
-
-def test_the_client_app_keeps_momentum_in_its_context_state(monkeypatch):
-    """The ClientApp stores the buffers in Context.state and hands them to the next round's training."""
-    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
-
-    from fedweigh import client_app
-
-    seen = []
-
-    def fake_train(model, data, recipe, transform, device, generator, weighting=None, momentum=None):
-        seen.append(momentum)
-        buffers = {name: torch.full_like(p, float(len(seen))) for name, p in model.named_parameters()}
-        kept = buffers if recipe.persist_optimizer_state else None
-        return TrainStats(1.0, len(data), 1, 0.0, momentum=kept)
-
-    monkeypatch.setattr(client_app, "train_locally", fake_train)
-    context = Context(
-        run_id=1,
-        node_id=3,
-        node_config={"partition-id": 0, "num-partitions": 2},
-        state=RecordDict(),
-        run_config={"dataset": "digits", "model": "mlp"},
-    )
-    model = client_app.new_model(client_app.settings_from(context.run_config))
-    for server_round in (1, 2):
-        config = {"server-round": server_round, "local-epochs": 1, "batch-size": 8, "learning-rate": 0.1}
-        config |= {"momentum": 0.9, "weight-decay": 0.0, "persist-optimizer-state": True}
-        message = Message(
-            RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord(config)}),
-            dst_node_id=3,
-            message_type="train",
-        )
-        client_app.train(message, context)
-    assert seen[0] is None
-    assert all(torch.equal(t, torch.ones_like(t)) for t in seen[1].values())
-    assert set(seen[1]) == {name for name, _ in model.named_parameters()}
-    assert isinstance(context.state[client_app.MOMENTUM_STATE], ArrayRecord)
