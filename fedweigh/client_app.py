@@ -1,15 +1,20 @@
-"""The one ClientApp: it executes whatever recipe the strategy sends.
+"""The one ClientApp: it executes whatever instruction the strategy sends.
 
 * ``query``: tells the server which data partition this node holds, so that
   client sampling can be seeded by partition (see
   :mod:`fedweigh.strategies.sampling`), and starts loading the node's data in
   the background (:func:`warm_data`).
-* ``train``: loads the global model, runs the recipe's client steps before
-  training (sample weights, signals on the global model), trains locally,
-  runs the steps after training (signals on the trained model), and replies
-  with the model and a MetricRecord: ``num-examples``, ``train_loss``,
-  ``partition-id`` and each step's signals.
+* ``train``: loads the global model, runs the instruction's client steps
+  before training (sample weights, signals on the global model), trains as
+  its :class:`~fedweigh.protocol.TrainRecipe` says, runs the steps after
+  training (signals on the trained model), and replies with the model and a
+  MetricRecord: ``num-examples``, ``train_loss``, ``partition-id``,
+  ``model-round`` and each step's signals (:mod:`fedweigh.protocol`).
 * ``evaluate``: loss and accuracy of the global model on the local partition.
+
+It imports no server code: the steps come from
+:mod:`fedweigh.client.registry`, the message format from
+:mod:`fedweigh.protocol`.
 
 The node's data comes from its node config, as set with
 ``flower-supernode --node-config`` in a deployment:
@@ -31,42 +36,52 @@ import zlib
 from types import SimpleNamespace
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn
 
-import fedweigh.strategies  # noqa: F401  (its paper modules register their client steps)
-from fedweigh.client.steps import StepContext, build_steps, combine
-from fedweigh.client.training import OptimizerRecipe, evaluate, train_locally
-from fedweigh.components import (
-    batch_transform,
-    configure_torch,
-    data_spec,
-    new_model,
-    resolve_device,
-    settings_from,
-)
+from fedweigh.client.registry import build_steps
+from fedweigh.client.steps import StepContext, combine
+from fedweigh.client.training import evaluate, train_locally
+from fedweigh.components import batch_transform, configure_torch, data_spec, new_model, resolve_device, settings_from
 from fedweigh.data.federated import DataSpec, dataset_info, load_partition
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.models import on_device
+from fedweigh.protocol import (
+    ARRAYS,
+    CLIENT_STEPS,
+    CONFIG,
+    DATA_DIR,
+    EVAL_ACCURACY,
+    EVAL_LOSS,
+    METRICS,
+    MODEL_ROUND,
+    NUM_EXAMPLES,
+    NUM_PARTITIONS,
+    PARTITION_ID,
+    SERVER_ROUND,
+    TRAIN_LOSS,
+    TRAIN_SECONDS,
+    TrainRecipe,
+)
 from fedweigh.settings import Settings
 
 app = ClientApp()
 logger = logging.getLogger("flwr.fedweigh")
 
-DATA_DIR = "data-dir"
-MOMENTUM_STATE = "sgd-momentum"
-"""Key in ``Context.state`` of the client's SGD momentum buffers (``persist-optimizer-state``)."""
+OPTIMIZER_STATE = "optimizer-state"
+"""Key in ``Context.state`` of the client's optimizer state (``persist-optimizer-state``)."""
 
 
 def partition_of(context: Context) -> tuple[int, int]:
     """``(partition-id, num-partitions)`` from the node config; clear error if absent."""
     config = context.node_config
-    if "partition-id" not in config or "num-partitions" not in config:
+    if PARTITION_ID not in config or NUM_PARTITIONS not in config:
         raise ValueError(
-            'this SuperNode has no data partition: start it with --node-config "partition-id=<i> num-partitions=<n>"'
+            f'this SuperNode has no data partition: start it with --node-config "{PARTITION_ID}=<i> '
+            f'{NUM_PARTITIONS}=<n>" (or "{DATA_DIR}=<folder>" for a site with its own data)'
         )
-    return int(config["partition-id"]), int(config["num-partitions"])
+    return int(config[PARTITION_ID]), int(config[NUM_PARTITIONS])
 
 
 def site_data(settings: Settings, folder: str) -> ImageTensors:
@@ -89,7 +104,7 @@ def local_data(settings: Settings, context: Context) -> tuple[ImageTensors, int,
     """This node's training data, its partition id (-1: none) and the key that seeds it."""
     config = context.node_config
     if DATA_DIR in config:
-        partition_id = int(config.get("partition-id", -1))
+        partition_id = int(config.get(PARTITION_ID, -1))
         key = partition_id if partition_id >= 0 else int(context.node_id) % 2**31
         return site_data(settings, str(config[DATA_DIR])), partition_id, key
     partition_id, num_partitions = partition_of(context)
@@ -107,24 +122,12 @@ def _cached_model(settings: Settings) -> nn.Module:
     return on_device(new_model(settings), resolve_device(settings.device))
 
 
-def _recipe(config: ConfigRecord) -> OptimizerRecipe:
-    return OptimizerRecipe(
-        local_epochs=int(config["local-epochs"]),
-        batch_size=int(config["batch-size"]),
-        learning_rate=float(config["learning-rate"]),
-        momentum=float(config["momentum"]),
-        weight_decay=float(config["weight-decay"]),
-        proximal_mu=float(config.get("proximal-mu", 0.0)),
-        persist_optimizer_state=bool(config.get("persist-optimizer-state", False)),
-    )
-
-
 def _setup(message: Message, context: Context) -> tuple[Settings, nn.Module, torch.device]:
     configure_torch()
     settings = settings_from(context.run_config)
     device = resolve_device(settings.device)
     model = _cached_model(settings)
-    model.load_state_dict(message.content["arrays"].to_torch_state_dict())
+    model.load_state_dict(message.content[ARRAYS].to_torch_state_dict())
     return settings, model, device
 
 
@@ -144,7 +147,7 @@ def warm_data(context: Context) -> threading.Thread | None:
     message to report. Returns the thread, or None when nothing was started.
     """
     config = dict(context.node_config)
-    key = (tuple(sorted(context.run_config.items())), config.get(DATA_DIR), config.get("num-partitions"))
+    key = (tuple(sorted(context.run_config.items())), config.get(DATA_DIR), config.get(NUM_PARTITIONS))
     with _WARMED_LOCK:
         if key in _WARMED:
             return None
@@ -170,20 +173,18 @@ def describe(message: Message, context: Context) -> Message:
     warm_data(context)
     config = context.node_config
     metrics = MetricRecord(
-        {
-            "partition-id": int(config.get("partition-id", -1)),
-            "num-partitions": int(config.get("num-partitions", 0)),
-        }
+        {PARTITION_ID: int(config.get(PARTITION_ID, -1)), NUM_PARTITIONS: int(config.get(NUM_PARTITIONS, 0))}
     )
-    return Message(RecordDict({"metrics": metrics}), reply_to=message)
+    return Message(RecordDict({METRICS: metrics}), reply_to=message)
 
 
 @app.train()
 def train(message: Message, context: Context) -> Message:
-    """Run the recipe in the train ConfigRecord and reply with model and signals."""
+    """Run the instruction in the train ConfigRecord and reply with model and signals."""
     settings, model, device = _setup(message, context)
-    config = message.content["config"]
-    server_round = int(config["server-round"])
+    config = dict(message.content[CONFIG])
+    recipe = TrainRecipe.from_config(config)
+    server_round = int(config[SERVER_ROUND])
     data, partition_id, seed_key = local_data(settings, context)
     seed = client_seed(settings.seed, server_round, seed_key)
     torch.manual_seed(seed)  # dropout draws from the global generator
@@ -194,11 +195,12 @@ def train(message: Message, context: Context) -> Message:
         transform=batch_transform(settings),
         device=device,
         seed=seed,
+        run_seed=settings.seed,
         partition_id=seed_key,  # the partition id; for a site without one, the key its seeds derive from
         server_round=server_round,
-        options=dict(config),
+        config=config,
     )
-    steps = build_steps(list(config.get("client-steps", [])))
+    steps = build_steps(list(config.get(CLIENT_STEPS, [])))
     weightings, signals = [], {}
     for step in steps:
         weighting, metrics = step.before_training(step_context)
@@ -206,28 +208,33 @@ def train(message: Message, context: Context) -> Message:
         if weighting is not None:
             weightings.append(weighting)
 
-    recipe = _recipe(config)
-    kept = context.state.get(MOMENTUM_STATE) if recipe.persist_optimizer_state else None
-    momentum = kept.to_torch_state_dict() if isinstance(kept, ArrayRecord) else None
+    kept = context.state.get(OPTIMIZER_STATE) if recipe.persist_optimizer_state else None
     stats = train_locally(
-        model, data, recipe, step_context.transform, device, generator, combine(weightings), momentum=momentum
+        model,
+        data,
+        recipe,
+        step_context.transform,
+        device,
+        generator,
+        combine(weightings),
+        optimizer_state=kept.to_torch_state_dict() if isinstance(kept, ArrayRecord) else None,
     )
-    if stats.momentum is not None:
-        context.state[MOMENTUM_STATE] = ArrayRecord(stats.momentum)
+    if stats.optimizer_state is not None:
+        context.state[OPTIMIZER_STATE] = ArrayRecord(stats.optimizer_state)
     for step in steps:
         signals.update(step.after_training(step_context))
 
     metrics = MetricRecord(
         {
-            "num-examples": stats.num_examples,
-            "train_loss": stats.train_loss,
-            "partition-id": partition_id,
-            "train-seconds": stats.seconds,
+            NUM_EXAMPLES: stats.num_examples,
+            TRAIN_LOSS: stats.train_loss,
+            PARTITION_ID: partition_id,
+            MODEL_ROUND: server_round,
+            TRAIN_SECONDS: stats.seconds,
             **{key: float(value) for key, value in signals.items()},
         }
     )
-    arrays = ArrayRecord(model.state_dict())
-    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=message)
+    return Message(RecordDict({ARRAYS: ArrayRecord(model.state_dict()), METRICS: metrics}), reply_to=message)
 
 
 @app.evaluate()
@@ -236,5 +243,5 @@ def evaluate_locally(message: Message, context: Context) -> Message:
     settings, model, device = _setup(message, context)
     data, _, _ = local_data(settings, context)
     result = evaluate(model, data, batch_transform(settings), device, settings.eval_batch_size)
-    metrics = MetricRecord({"num-examples": result.num_examples, "eval_loss": result.loss, "eval_acc": result.accuracy})
-    return Message(RecordDict({"metrics": metrics}), reply_to=message)
+    metrics = MetricRecord({NUM_EXAMPLES: result.num_examples, EVAL_LOSS: result.loss, EVAL_ACCURACY: result.accuracy})
+    return Message(RecordDict({METRICS: metrics}), reply_to=message)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Mapping
+from dataclasses import fields
 from typing import Any
 
 import torch
@@ -18,16 +19,21 @@ from torch import nn
 from fedweigh.data.federated import DataSpec, dataset_info
 from fedweigh.data.transforms import BatchTransform
 from fedweigh.models import build_model
-from fedweigh.settings import Settings, parse_settings
+from fedweigh.settings import Settings, validate
 
 
 @functools.lru_cache(maxsize=8)
 def _parse_cached(items: tuple[tuple[str, Any], ...]) -> Settings:
-    return parse_settings(dict(items))
+    return validate(dict(items))
 
 
 def settings_from(run_config: Mapping[str, Any]) -> Settings:
-    """Parsed settings, cached per process (the run config is the same every message)."""
+    """Parsed settings, cached per process (the run config is the same every message).
+
+    Names (strategy, rule, steps, model) are not checked here: the ServerApp
+    checks the whole run config (:mod:`fedweigh.preflight`) before any client
+    is asked to do anything.
+    """
     return _parse_cached(tuple(sorted(run_config.items())))
 
 
@@ -55,32 +61,27 @@ def resolve_device(setting: str) -> torch.device:
 
 
 def data_spec(settings: Settings, num_partitions: int) -> DataSpec:
-    """The data part of the settings, for ``num_partitions`` clients."""
-    return DataSpec(
-        dataset=settings.dataset,
-        partitioner=settings.partitioner,
-        num_partitions=num_partitions,
-        seed=settings.seed,
-        dirichlet_alpha=settings.dirichlet_alpha,
-        classes_per_client=settings.classes_per_client,
-        shards_per_client=settings.shards_per_client,
-        min_partition_size=settings.min_partition_size,
-        train_subset=settings.train_subset,
-        test_subset=settings.test_subset,
-        rare_clients=settings.rare_clients,
-        rare_client_cap=settings.rare_client_cap,
-        noisy_clients=settings.noisy_clients,
-        label_noise=settings.label_noise,
-    )
+    """The data part of the settings, for ``num_partitions`` clients.
+
+    Every :class:`~fedweigh.data.federated.DataSpec` field is the setting of
+    the same name, except the number of partitions and the seed (the data
+    seed: ``partition-seed``, or the run's seed).
+    """
+    values = {f.name: getattr(settings, f.name) for f in fields(DataSpec) if f.name not in ("num_partitions", "seed")}
+    return DataSpec(**values, num_partitions=num_partitions, seed=settings.data_seed)
 
 
 def new_model(settings: Settings) -> nn.Module:
-    """The model the settings name, shaped for their dataset, seeded by ``seed``."""
+    """The model the settings name (with their model options), shaped for their dataset, seeded by ``seed``."""
     info = dataset_info(settings.dataset)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
         return build_model(
-            settings.model, num_classes=info.num_classes, in_channels=info.in_channels, image_size=info.image_size
+            settings.model,
+            num_classes=info.num_classes,
+            in_channels=info.in_channels,
+            image_size=info.image_size,
+            **settings.model_options(),
         )
 
 

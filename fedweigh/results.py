@@ -2,7 +2,8 @@
 
 Each run writes one folder, ``<output-dir>/<run-name>/``::
 
-    config.json        the resolved settings (defaults filled in) and versions
+    config.json        the resolved settings (defaults filled in), the train
+                       instruction every client receives, and versions
     metrics.jsonl      one JSON object per round: central accuracy and loss,
                        mean client train loss, round seconds, the sampled
                        partitions, each client's weight and signals, the
@@ -101,11 +102,18 @@ class RunRecorder:
         self.last_mark = self.started
         self.accuracies: dict[int, float] = {}
 
-    def begin(self, settings: Mapping[str, Any], resumed_round: int) -> None:
-        """Create the folder, write the config, drop rounds after a resume point."""
+    def begin(
+        self, settings: Mapping[str, Any], resumed_round: int, instruction: Mapping[str, Any] | None = None
+    ) -> None:
+        """Create the folder, write the config, drop rounds after a resume point.
+
+        ``instruction`` is the train config every client receives (its
+        per-round values, such as the learning rate, are in each round's record).
+        """
         self.run_dir.mkdir(parents=True, exist_ok=True)
         config = {
             "settings": dict(settings),
+            "instruction": dict(instruction or {}),
             "resumed_from_round": resumed_round,
             "versions": {
                 "python": platform.python_version(),

@@ -1,11 +1,12 @@
 """The ServerApp: settings in, a recorded federated run out.
 
-It validates the run config (one clear error before any training), builds
-the strategy, the model and the server's test split, learns which partition
-each node holds, checks that the data can be split that many ways, then runs
-the strategy with central evaluation after every round. Every round is
-written to the run folder (:mod:`fedweigh.results`) with a checkpoint, so a
-run can be resumed with ``resume-from``.
+It checks the run config (:func:`fedweigh.preflight.check_run`: one clear
+error before any training), builds the strategy, the model and the server's
+test split, learns which partition each node holds, checks that the data can
+be split that many ways, then runs the strategy with central evaluation after
+every round. Every round is written to the run folder
+(:mod:`fedweigh.results`) with a checkpoint, so a run can be resumed with
+``resume-from``.
 """
 
 from __future__ import annotations
@@ -19,34 +20,19 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from fedweigh.client.training import evaluate
-from fedweigh.components import batch_transform, configure_torch, data_spec, new_model, resolve_device, settings_from
-from fedweigh.data.federated import load_test_split, partition_sizes
+from fedweigh.components import batch_transform, configure_torch, data_spec, new_model, resolve_device
+from fedweigh.data.federated import load_test_split
 from fedweigh.models import on_device
+from fedweigh.preflight import check_run, data_problems
 from fedweigh.results import Checkpoint, RunRecorder, resolve_run_dir
-from fedweigh.settings import Settings
-from fedweigh.strategies import build_strategy
+from fedweigh.settings import Settings, SettingsError
 from fedweigh.strategies.aggregation import decode
 from fedweigh.strategies.base import WeightedFedAvg
+from fedweigh.strategies.build import build_strategy
 
 logger = logging.getLogger("flwr.fedweigh")
 
 app = ServerApp()
-
-
-def check_partitions(settings: Settings, num_partitions: int) -> None:
-    """Fail before training when the data cannot be split ``num_partitions`` ways."""
-    accepted = (
-        "accepted: at most as many partitions as the training samples allow "
-        "(fewer SuperNodes, a larger train-subset, or a different partitioner)"
-    )
-    prefix = f"setting dataset = {settings.dataset!r} with {num_partitions} partitions ({settings.partitioner})"
-    try:
-        sizes = partition_sizes(data_spec(settings, num_partitions))
-    except (IndexError, ValueError) as err:  # Flower Datasets' partitioners fail this way
-        raise ValueError(f"{prefix} cannot be split: {err}; {accepted}") from err
-    empty = [index for index, size in enumerate(sizes) if size == 0]
-    if empty:
-        raise ValueError(f"{prefix} leaves partitions {empty[:10]} empty; {accepted}")
 
 
 def central_evaluation(
@@ -93,7 +79,7 @@ def central_evaluation(
 def main(grid: Grid, context: Context) -> None:
     """Run the federated training the run config describes."""
     configure_torch()
-    settings = settings_from(context.run_config)
+    settings = check_run(context.run_config)
     resolve_device(settings.device)  # device = 'cuda' on a machine without one: fail before anything is written
     run_dir = resolve_run_dir(settings.output_dir, settings.run_name, settings.resume_from, settings.strategy)
 
@@ -116,10 +102,11 @@ def main(grid: Grid, context: Context) -> None:
         strategy.load_state(checkpoint.strategy_state)
     nodes = strategy.directory.await_federation(grid, settings.min_train_nodes)
     num_partitions = strategy.directory.num_partitions or len(nodes)
-    check_partitions(settings, num_partitions)
+    if problems := data_problems(settings, num_partitions):
+        raise SettingsError(problems)
 
     recorder = RunRecorder(run_dir)
-    recorder.begin(settings.model_dump(by_alias=True), start_round)
+    recorder.begin(settings.model_dump(by_alias=True), start_round, instruction=strategy.recipe)
     logger.info("[fedweigh] results: %s", run_dir)
     result = strategy.start(
         grid=grid,

@@ -1,35 +1,88 @@
 """Typed run settings: the run config of ``pyproject.toml`` plus ``--run-config``.
 
 Flower hands both apps a flat ``UserConfig`` whose nested tables arrive with
-dotted keys (``fedprox.proximal-mu``). :func:`parse_settings` turns it into a
+dotted keys (``fedprox.proximal-mu``). :func:`validate` turns it into a
 :class:`Settings` object and fails *before any training* with one message that
 names every bad setting, its value and what is accepted.
 
+This module sits at the bottom of the package and imports none of it. Which
+names a setting accepts (strategies, aggregation rules, client steps, models
+and their options, datasets) belongs to the layers that define them; they hand
+their tables in as a :class:`Catalog` (:func:`fedweigh.preflight.parse_settings`
+does, with all of them). Without a catalog only types and ranges are checked,
+which is what a ClientApp needs: its server has checked the names already.
+
 Example
 -------
->>> settings = parse_settings({"strategy": "fedprox", "dirichlet-alpha": 0.1})
+>>> settings = validate({"strategy": "fedprox", "dirichlet-alpha": 0.1})
 >>> settings.strategy, settings.dirichlet_alpha
 ('fedprox', 0.1)
->>> parse_settings({"dirichlet-alpha": 0})
+>>> validate({"dirichlet-alpha": 0})
 Traceback (most recent call last):
 ...
 fedweigh.settings.SettingsError: invalid run config:
   - dirichlet-alpha = 0: Input should be greater than 0
+>>> validate({"model": "resnet8"}, Catalog(models={"mlp": ("hidden", "dropout")}))
+Traceback (most recent call last):
+...
+fedweigh.settings.SettingsError: invalid run config:
+  - model = 'resnet8': unknown model; accepted: mlp
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from fedweigh.data.sources import validate_dataset_setting
-from fedweigh.models import model_names
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 
 def _dashed(name: str) -> str:
     return name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The names a run config may use, supplied by the layers that own them.
+
+    Every field left at None is not checked.
+
+    Attributes
+    ----------
+    strategies, rules, steps : sequence of str, or None
+        Accepted ``strategy``, ``aggregation`` and ``client-steps`` names.
+    models : mapping, or None
+        Model name to the options it accepts (``width``, ``hidden``, ``dropout``).
+    dataset : callable, or None
+        Returns the canonical form of a ``dataset`` value or raises
+        ``ValueError`` saying what is accepted.
+    """
+
+    strategies: Sequence[str] | None = None
+    rules: Sequence[str] | None = None
+    steps: Sequence[str] | None = None
+    models: Mapping[str, Sequence[str]] | None = None
+    dataset: Callable[[str], str] | None = None
+
+
+def _catalog(info: ValidationInfo) -> Catalog:
+    context = info.context or {}
+    return context.get("catalog") or Catalog()
+
+
+def _check_name(value: str, accepted: Sequence[str] | None, what: str) -> str:
+    if accepted is not None and value not in accepted:
+        raise ValueError(f"unknown {what}; accepted: {', '.join(sorted(accepted))}")
+    return value
 
 
 class _Section(BaseModel):
@@ -44,13 +97,13 @@ class _Section(BaseModel):
 
 
 class FedProxSettings(_Section):
-    """``[tool.flwr.app.config.fedprox]``: the proximal term of FedProx."""
+    """``[fedprox]``: the proximal term of FedProx."""
 
     proximal_mu: float = Field(0.01, ge=0.0)
 
 
 class FedAslSettings(_Section):
-    """``[tool.flwr.app.config.fedasl]``: FedAsl's loss-deviation weights (FedNolowe's baseline).
+    """``[fedasl]``: FedAsl's loss-deviation rule (FedNolowe's baseline).
 
     ``alpha``: half-width of the good region around the median loss, in
     standard deviations; ``beta``: the distance given to clients inside it.
@@ -62,18 +115,23 @@ class FedAslSettings(_Section):
 
 
 class FedOUISettings(_Section):
-    """``[tool.flwr.app.config.fedoui]``: FedOUI's rule and OUI probe (see :mod:`fedweigh.strategies.fedoui`)."""
+    """``[fedoui]``: FedOUI's aggregation rule (see :mod:`fedweigh.rules.fedoui`)."""
 
     epsilon: float = Field(1e-3, ge=0.0, lt=0.5)  # stability constant and Beta-fit clip
     size_exponent: float = Field(1.0, ge=0.0)  # rho in w ∝ n^rho (s + eps)^gamma
     score_exponent: float = Field(1.0, ge=0.0)  # gamma
     window: int = Field(1, ge=1)  # rounds of OUIs pooled into the Beta fit (1: this round only)
+
+
+class OUIProbeSettings(_Section):
+    """``[oui]``: the client step measuring the OUI (see :mod:`fedweigh.client.oui`)."""
+
     probe_size: int = Field(32, ge=2)  # B, probe samples per client
     probe_layer: str = ""  # module to hook; "" means the model's own probe_layer
 
 
 class FedAlignSettings(_Section):
-    """``[tool.flwr.app.config.fedalign]``: the cosine-alignment baseline of the FedOUI paper."""
+    """``[fedalign]``: the cosine-alignment rule of the FedOUI paper's baseline."""
 
     epsilon: float = Field(1e-3, ge=0.0)
     size_exponent: float = Field(1.0, ge=0.0)  # rho in w ∝ n^rho (max(0, cos) + eps)^eta
@@ -81,16 +139,25 @@ class FedAlignSettings(_Section):
 
 
 class UFLSettings(_Section):
-    """``[tool.flwr.app.config.ufl]``: UFL's client step and U-Agg (see :mod:`fedweigh.strategies.ufl`)."""
+    """``[ufl]``: UFL's client step (see :mod:`fedweigh.client.ufl`)."""
 
     mc_passes: int = Field(10, ge=1)  # N, MC-dropout forward passes
     ratio: float = Field(0.3, gt=0.0, le=1.0)  # r, fraction of samples up-weighted
     alpha: float = Field(0.2, ge=0.0, allow_inf_nan=False)  # lambda = 1 + alpha * u for the selected
     dropout: float = Field(0.5, ge=0.0, lt=1.0)  # p of the dropout inserted before the classifier
     normalize: bool = False  # batch loss / sum(lambda) instead of / B (the paper)
-    aggregation_signal: Literal["sum", "mean"] = "sum"  # U-Agg on U_k (paper) or U_k / m_k
-    size_aware: bool = False  # U-Agg weights times n_k
     cheap_path: bool = True  # run only the layers after the first dropout N times
+
+
+class UAggSettings(_Section):
+    """``[uagg]``: UFL's aggregation rule (see :mod:`fedweigh.rules.uagg`)."""
+
+    signal: Literal["sum", "mean"] = "sum"  # U_k (paper) or U_k / m_k
+    size_aware: bool = False  # weights times n_k
+
+
+MODEL_OPTIONS = ("width", "hidden", "dropout")
+"""Model options, set as ``model-width``, ``model-hidden``, ``model-dropout``."""
 
 
 class Settings(_Section):
@@ -98,11 +165,13 @@ class Settings(_Section):
 
     # run
     strategy: str = "fedavg"
+    aggregation: str = ""  # "" = the strategy's own rule
     seed: int = Field(1, ge=0)
     num_server_rounds: int = Field(5, ge=1)
     fraction_train: float = Field(0.5, gt=0.0, le=1.0)
     min_train_nodes: int = Field(2, ge=1)
     fraction_evaluate: float = Field(0.0, ge=0.0, le=1.0)
+    max_staleness: int = Field(0, ge=0)  # rounds a reply's model may lag behind and still be used
     device: Literal["auto", "cpu", "cuda"] = "auto"
     output_dir: str = "outputs"
     run_name: str = ""
@@ -110,10 +179,13 @@ class Settings(_Section):
     # data
     dataset: str = "digits"
     partitioner: Literal["iid", "dirichlet", "pathological", "shard"] = "dirichlet"
+    partition_seed: int = Field(-1, ge=-1)  # -1: the run's seed
     dirichlet_alpha: float = Field(0.5, gt=0.0)
+    dirichlet_self_balancing: bool = False
     classes_per_client: int = Field(2, ge=1)
     shards_per_client: int = Field(2, ge=1)
     min_partition_size: int = Field(0, ge=0)
+    partition_top_up: bool = False
     train_subset: int = Field(0, ge=0)
     test_subset: int = Field(0, ge=0)
     augment: bool = True
@@ -123,58 +195,117 @@ class Settings(_Section):
     label_noise: float = Field(0.4, ge=0.0, le=1.0)  # share of a noisy client's labels flipped
     # model
     model: str = "mlp"
+    model_width: int = Field(0, ge=0)  # 0: the model's own width
+    model_hidden: str = ""  # "" or comma-separated layer sizes, e.g. "128,128"
+    model_dropout: float = Field(0.0, ge=0.0, lt=1.0)
     # local training recipe
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)
-    learning_rate: float = Field(0.05, gt=0.0)
-    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    learning_rate: float = Field(0.05, gt=0.0, allow_inf_nan=False)
+    lr_decay: float = Field(1.0, gt=0.0, le=1.0)  # lr of round t = learning-rate * lr-decay^(t-1)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)  # SGD only
     weight_decay: float = Field(0.0, ge=0.0)
-    # keep each client's SGD momentum between the rounds it trains in (FedNolowe's code; spec A12)
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0)
+    adam_eps: float = Field(1e-8, gt=0.0)
+    # keep each client's optimizer state between the rounds it trains in (FedNolowe's code; spec A12)
     persist_optimizer_state: bool = False
     eval_batch_size: int = Field(512, ge=1)
-    # extra client steps on top of the strategy's own, comma-separated (e.g. "ufl-dropout", "ufl")
+    # extra client steps on top of the strategy's and the rule's, comma-separated (e.g. "ufl-dropout")
     client_steps: str = ""
     # per-method tables
     fedprox: FedProxSettings = FedProxSettings()
-    ufl: UFLSettings = UFLSettings()
-    fedasl: FedAslSettings = FedAslSettings()
     fedoui: FedOUISettings = FedOUISettings()
+    oui: OUIProbeSettings = OUIProbeSettings()
     fedalign: FedAlignSettings = FedAlignSettings()
+    fedasl: FedAslSettings = FedAslSettings()
+    ufl: UFLSettings = UFLSettings()
+    uagg: UAggSettings = UAggSettings()
 
     @field_validator("strategy")
     @classmethod
-    def _known_strategy(cls, value: str) -> str:
-        from fedweigh.strategies import strategy_names  # the registry imports us
+    def _known_strategy(cls, value: str, info: ValidationInfo) -> str:
+        return _check_name(value, _catalog(info).strategies, "strategy")
 
-        if value not in strategy_names():
-            raise ValueError(f"unknown strategy; accepted: {', '.join(strategy_names())}")
-        return value
+    @field_validator("aggregation")
+    @classmethod
+    def _known_rule(cls, value: str, info: ValidationInfo) -> str:
+        return value and _check_name(value, _catalog(info).rules, "aggregation rule")
 
     @field_validator("client_steps")
     @classmethod
-    def _known_steps(cls, value: str) -> str:
-        from fedweigh.client.steps import CLIENT_STEPS  # filled when fedweigh.strategies is imported
-        from fedweigh.strategies import strategy_names  # noqa: F401  (imports every paper module)
-
-        unknown = [name for name in step_names(value) if name not in CLIENT_STEPS]
+    def _known_steps(cls, value: str, info: ValidationInfo) -> str:
+        accepted = _catalog(info).steps
+        unknown = [name for name in step_names(value) if accepted is not None and name not in accepted]
         if unknown:
-            raise ValueError(f"unknown client step(s) {unknown}; accepted: {', '.join(sorted(CLIENT_STEPS))}")
+            raise ValueError(f"unknown client step(s) {unknown}; accepted: {', '.join(sorted(accepted or []))}")
         return value
 
     @field_validator("model")
     @classmethod
-    def _known_model(cls, value: str) -> str:
-        if value not in model_names():
-            raise ValueError(f"unknown model; accepted: {', '.join(model_names())}")
+    def _known_model(cls, value: str, info: ValidationInfo) -> str:
+        models = _catalog(info).models
+        return _check_name(value, None if models is None else list(models), "model")
+
+    @field_validator("model_hidden")
+    @classmethod
+    def _layer_sizes(cls, value: str) -> str:
+        hidden_sizes(value)
         return value
 
     @field_validator("dataset")
     @classmethod
-    def _known_dataset(cls, value: str) -> str:
-        try:
-            return validate_dataset_setting(value)
-        except ValueError as err:
-            raise ValueError(str(err)) from None
+    def _known_dataset(cls, value: str, info: ValidationInfo) -> str:
+        check = _catalog(info).dataset
+        return check(value) if check is not None else value
+
+    @model_validator(mode="after")
+    def _options_the_model_has(self, info: ValidationInfo) -> Settings:
+        models = _catalog(info).models
+        if models is None or self.model not in models:
+            return self
+        refused = [option for option in self.model_options() if option not in models[self.model]]
+        if refused:
+            offered = [f"model-{option}" for option in models[self.model]]
+            raise ValueError(
+                f"model = {self.model!r} has no option {', '.join(f'model-{o}' for o in refused)}; "
+                f"accepted for this model: {', '.join(offered) or 'none'}"
+            )
+        return self
+
+    def model_options(self) -> dict[str, Any]:
+        """The model options this run sets (those left at their defaults are not listed)."""
+        options: dict[str, Any] = {}
+        if self.model_width:
+            options["width"] = self.model_width
+        if self.model_hidden:
+            options["hidden"] = hidden_sizes(self.model_hidden)
+        if self.model_dropout:
+            options["dropout"] = self.model_dropout
+        return options
+
+    @property
+    def data_seed(self) -> int:
+        """The seed of the data split: ``partition-seed``, or the run's seed when that is -1."""
+        return self.seed if self.partition_seed < 0 else self.partition_seed
+
+
+def hidden_sizes(value: str) -> tuple[int, ...]:
+    """``"128, 128"`` to ``(128, 128)``; the empty string to ``()``.
+
+    >>> hidden_sizes("64,128"), hidden_sizes("")
+    ((64, 128), ())
+    """
+    parts = [part.strip() for part in value.split(",") if part.strip()]
+    try:
+        sizes = tuple(int(part) for part in parts)
+    except ValueError:
+        sizes = ()
+        parts = ["?"]
+    if len(sizes) != len(parts) or any(size < 1 for size in sizes):
+        raise ValueError('accepted: comma-separated positive layer sizes, e.g. "128,128"')
+    return sizes
 
 
 def step_names(value: str) -> list[str]:
@@ -185,8 +316,12 @@ def step_names(value: str) -> list[str]:
 class SettingsError(ValueError):
     """A run config that cannot be used; the message lists every problem."""
 
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("invalid run config:\n" + "\n".join(f"  - {problem}" for problem in self.problems))
 
-def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+
+def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
     """Turn Flower's dotted keys (``fedprox.proximal-mu``) back into tables."""
     nested: dict[str, Any] = {}
     for key, value in flat.items():
@@ -195,7 +330,7 @@ def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
         for table in tables:
             node = node.setdefault(table, {})
             if not isinstance(node, dict):
-                raise SettingsError(f"invalid run config:\n  - {key}: {table} is not a table")
+                raise SettingsError([f"{key}: {table} is not a table"])
         node[leaf] = value
     return nested
 
@@ -209,8 +344,15 @@ def _lookup(nested: Mapping[str, Any], location: tuple[Any, ...]) -> Any:
     return node
 
 
-def parse_settings(run_config: Mapping[str, Any]) -> Settings:
+def validate(run_config: Mapping[str, Any], catalog: Catalog | None = None) -> Settings:
     """Validate a Flower run config and return typed :class:`Settings`.
+
+    Parameters
+    ----------
+    run_config : Mapping
+        Flat run config (dotted keys for tables).
+    catalog : Catalog, optional
+        Accepted names; without one, names are not checked.
 
     Raises
     ------
@@ -218,17 +360,19 @@ def parse_settings(run_config: Mapping[str, Any]) -> Settings:
         Listing, for each bad entry, the setting, the value given and what is
         accepted. Unknown settings are reported the same way.
     """
-    nested = _nest(run_config)
+    nested = nest(run_config)
     try:
-        return Settings.model_validate(nested)
+        return Settings.model_validate(nested, context={"catalog": catalog or Catalog()})
     except ValidationError as err:
         lines = []
         for problem in err.errors():
             location = tuple(problem["loc"])
             name = ".".join(str(part) for part in location)
-            value = _lookup(nested, location)
             message = problem["msg"].removeprefix("Value error, ")
             if problem["type"] == "extra_forbidden":
                 message = "unknown setting"
-            lines.append(f"  - {name} = {value!r}: {message}")
-        raise SettingsError("invalid run config:\n" + "\n".join(lines)) from None
+            if not location:  # a check across settings names them itself
+                lines.append(message)
+                continue
+            lines.append(f"{name} = {_lookup(nested, location)!r}: {message}")
+        raise SettingsError(lines) from None

@@ -14,7 +14,7 @@ from fedweigh.benchmarks.aggregation import run_case
 from fedweigh.benchmarks.bare import bare_federated_run
 from fedweigh.benchmarks.cli import render_table
 from fedweigh.benchmarks.common import markdown_table, parse_node_query
-from fedweigh.launch import load_app_config
+from fedweigh.launch.runconfig import load_app_config
 from fedweigh.strategies.aggregation import all_finite, array_view, decode, weighted_average
 
 DTYPES = st.sampled_from([np.float32, np.float64, np.float16, np.int64, np.int32, np.uint8, np.bool_])

@@ -9,6 +9,7 @@ from fedweigh import client_app
 from fedweigh.client.training import TrainStats
 from fedweigh.client_app import warm_data
 from fedweigh.data.federated import _load_partition, clear_caches
+from fedweigh.protocol import TrainRecipe
 
 
 def node_context(partition_id: int, run_config: dict) -> Context:
@@ -50,18 +51,18 @@ def test_the_client_app_keeps_momentum_in_its_context_state(monkeypatch):
     """
     seen = []
 
-    def fake_train(model, data, recipe, transform, device, generator, weighting=None, momentum=None):
-        seen.append(momentum)
+    def fake_train(model, data, recipe, transform, device, generator, weighting=None, optimizer_state=None):
+        seen.append(optimizer_state)
         buffers = {name: torch.full_like(p, float(len(seen))) for name, p in model.named_parameters()}
         kept = buffers if recipe.persist_optimizer_state else None
-        return TrainStats(1.0, len(data), 1, 0.0, momentum=kept)
+        return TrainStats(1.0, len(data), 1, 0.0, optimizer_state=kept)
 
     monkeypatch.setattr(client_app, "train_locally", fake_train)
     context = node_context(0, {"dataset": "digits", "model": "mlp"})
     model = client_app.new_model(client_app.settings_from(context.run_config))
     for server_round in (1, 2):
-        config = {"server-round": server_round, "local-epochs": 1, "batch-size": 8, "learning-rate": 0.1}
-        config |= {"momentum": 0.9, "weight-decay": 0.0, "persist-optimizer-state": True}
+        config = TrainRecipe(batch_size=8, learning_rate=0.1, persist_optimizer_state=True).to_config()
+        config |= {"server-round": server_round}
         message = Message(
             RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord(config)}),
             dst_node_id=context.node_id,
@@ -71,4 +72,4 @@ def test_the_client_app_keeps_momentum_in_its_context_state(monkeypatch):
     assert seen[0] is None
     assert all(torch.equal(t, torch.ones_like(t)) for t in seen[1].values())
     assert set(seen[1]) == {name for name, _ in model.named_parameters()}
-    assert isinstance(context.state[client_app.MOMENTUM_STATE], ArrayRecord)
+    assert isinstance(context.state[client_app.OPTIMIZER_STATE], ArrayRecord)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import datasets
@@ -397,3 +398,62 @@ def test_batch_transform_augments_only_training_batches_of_crop_flip_datasets() 
     gray = DatasetInfo(10, 1, 28, (0.5,), (0.25,), "none", "image", "label")
     small = batch[:, :1, :28, :28]
     assert torch.equal(BatchTransform(gray, augment=True)(small, train=True), normalize(small, (0.5,), (0.25,)))
+
+
+# --- partition seed, self-balancing, top-up -------------------------------------------
+
+
+def test_partition_seed_fixes_the_split_whatever_the_run_seed():
+    from fedweigh.components import data_spec
+    from fedweigh.settings import validate
+
+    def sizes(**config: object) -> list[int]:
+        return partition_sizes(data_spec(validate({"dirichlet-alpha": 0.3, **config}), 10))
+
+    assert sizes(seed=1, **{"partition-seed": 42}) == sizes(seed=2, **{"partition-seed": 42})
+    assert sizes(seed=1) != sizes(seed=2)  # -1, the default: the split follows the run seed
+    assert sizes(seed=42) == sizes(seed=7, **{"partition-seed": 42})
+
+
+def test_self_balancing_stops_filling_clients_past_the_mean():
+    spec = digits_spec(dirichlet_alpha=0.1, num_partitions=10)
+    balanced = replace(spec, dirichlet_self_balancing=True)
+    plain_sizes, balanced_sizes = partition_sizes(spec), partition_sizes(balanced)
+    assert sum(balanced_sizes) == sum(plain_sizes) == DIGITS_TRAIN
+    # a client past N/K gets no more classes; it can exceed the mean only by the class that filled it
+    largest_class = max(np.bincount(load_test_split(spec).labels.numpy(), minlength=10)) * 4  # ~train share
+    assert max(balanced_sizes) <= DIGITS_TRAIN / 10 + largest_class
+    assert np.std(balanced_sizes) < np.std(plain_sizes)
+
+
+def test_top_up_reaches_the_minimum_where_rejection_sampling_gives_up():
+    spec = digits_spec(dirichlet_alpha=0.1, num_partitions=100, min_partition_size=10)
+    with pytest.raises(ValueError, match="max number of attempts"):
+        partition_sizes(spec)  # Flower's 10 draws cannot reach it
+    topped = replace(spec, partition_top_up=True)
+    sizes = partition_sizes(topped)
+    assert min(sizes) >= 10 and sum(sizes) == DIGITS_TRAIN
+    first = partition_labels(topped)
+    clear_caches()
+    again = partition_labels(topped)  # recomputed from scratch: the top-up is seeded
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+
+
+def test_top_up_moves_samples_disjointly_and_only_when_needed():
+    from fedweigh.data.top_up import top_up
+
+    rng = np.random.default_rng(0)
+    parts = [np.arange(0, 50), np.arange(50, 53), np.arange(53, 60), np.arange(60, 62)]
+    moved, count = top_up(parts, 5, rng)
+    assert [len(p) for p in moved] == [45, 5, 7, 5] and count == 5  # smallest first, from the largest
+    assert sorted(np.concatenate(moved).tolist()) == list(range(62))  # nothing lost, nothing duplicated
+    again, _ = top_up(parts, 5, np.random.default_rng(0))
+    assert all(np.array_equal(a, b) for a, b in zip(moved, again, strict=True))
+    assert top_up(parts, 2, rng)[1] == 0  # every partition already big enough
+    with pytest.raises(ValueError, match="cannot give every partition 40 samples"):
+        top_up(parts, 40, rng)
+
+
+def test_top_up_keeps_a_draw_that_already_meets_the_minimum():
+    spec = digits_spec(dirichlet_alpha=0.5, num_partitions=10, min_partition_size=20)
+    assert partition_sizes(replace(spec, partition_top_up=True)) == partition_sizes(spec)

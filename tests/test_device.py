@@ -13,7 +13,7 @@ from flwr.app import Context, Message, RecordDict
 
 from fedweigh import client_app, server_app
 from fedweigh.components import resolve_device
-from fedweigh.launch import load_app_config
+from fedweigh.launch.runconfig import load_app_config
 
 NO_GPU = "none is visible to this process"
 

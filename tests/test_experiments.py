@@ -14,6 +14,7 @@ from conftest import REPO
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fedweigh.cli import main
 from fedweigh.experiments.grid import (
     RUN_RECORD_FILE,
     Action,
@@ -25,17 +26,12 @@ from fedweigh.experiments.grid import (
     settings_differences,
 )
 from fedweigh.experiments.plots import draw_all, weight_matrix
-from fedweigh.experiments.report import (
-    SamplingMismatchError,
-    accuracy_auc,
-    collect_results,
-    mean_std,
-    run_scores,
-    write_report,
-)
+from fedweigh.experiments.report import SamplingMismatchError, mean_std, write_report
 from fedweigh.experiments.runner import GridProgress, parse_round_line, run_experiment
+from fedweigh.experiments.runs import accuracy_auc, collect_results, run_scores
 from fedweigh.experiments.spec import ExperimentError, load_experiment, parse_reported
-from fedweigh.launch import LocalSimulation, load_app_config, main
+from fedweigh.launch.runconfig import load_app_config
+from fedweigh.launch.simulation import LocalSimulation
 from fedweigh.results import CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, Checkpoint
 
 DEFAULTS = load_app_config(REPO)
@@ -87,9 +83,9 @@ def test_unknown_strategy_names_the_arm_and_lists_the_accepted_ones():
 
 def test_bad_run_config_value_inside_an_arm_names_the_arm_and_the_setting():
     table = experiment_table()
-    table["arms"][1]["overrides"] = {"fedoui": {"probe-size": 1}, "learning-rate": -0.1}
+    table["arms"][1]["overrides"] = {"oui": {"probe-size": 1}, "learning-rate": -0.1}
     message = failure(table)
-    assert "arm 'fedoui': fedoui.probe-size = 1" in message
+    assert "arm 'fedoui': oui.probe-size = 1" in message
     assert "arm 'fedoui': learning-rate = -0.1" in message
 
 
@@ -136,7 +132,7 @@ def test_a_grid_whose_data_cannot_be_split_fails_before_any_run(tmp_path, capsys
     with pytest.raises(ExperimentError) as caught:
         run_experiment(experiment, tmp_path, REPO, DEFAULTS, port=1, out=io.StringIO())  # port 1: nothing may start
     message = str(caught.value)
-    assert "fedavg-seed1: setting dataset = 'digits' with 30 partitions" in message
+    assert "fedavg-seed1: dataset = 'digits' with 30 partitions" in message
     assert "fedoui-seed1" in message and "nothing was run" in message
     assert not (tmp_path / "runs").exists()
 
@@ -147,7 +143,7 @@ def test_a_grid_whose_data_cannot_be_split_fails_before_any_run(tmp_path, capsys
         '[[arms]]\nname = "a"\nstrategy = "fedavg"\n'
     )
     assert main(["experiment", "run", str(path), "--output-dir", str(tmp_path / "o"), "--dry-run"]) == 2
-    assert "a-seed1: setting dataset = 'digits' with 30 partitions" in capsys.readouterr().err
+    assert "a-seed1: dataset = 'digits' with 30 partitions" in capsys.readouterr().err
 
 
 def test_set_on_the_command_line_gets_its_own_output_folder(tmp_path, capsys):

@@ -14,7 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from fedweigh.client.training import OptimizerRecipe, train_locally
+from fedweigh.client.training import train_locally
 from fedweigh.data.loader import batches
 from fedweigh.data.sources import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
@@ -25,18 +25,20 @@ from fedweigh.flops import (
     round_flops,
     training_step_flops,
 )
-from fedweigh.settings import FedAslSettings, SettingsError, parse_settings
-from fedweigh.strategies import build_strategy
-from fedweigh.strategies.aggregation import decode
-from fedweigh.strategies.base import WeightedFedAvg
-from fedweigh.strategies.fednolowe import (
+from fedweigh.preflight import parse_settings
+from fedweigh.protocol import TrainRecipe
+from fedweigh.rules.base import ComplementShareRule, RoundSignals, complement_share_weights
+from fedweigh.rules.fednolowe import (
     FEDASL_ALPHA,
     FEDASL_BETA,
     LossDeviationRule,
     loss_deviation_distances,
     loss_deviation_weights,
 )
-from fedweigh.strategies.weighting import ComplementShareRule, RoundSignals, complement_share_weights
+from fedweigh.settings import FedAslSettings, SettingsError
+from fedweigh.strategies.aggregation import decode
+from fedweigh.strategies.base import WeightedFedAvg
+from fedweigh.strategies.build import build_strategy
 
 # ---------------------------------------------------------------------------
 # FedNolowe weights: spec section 12
@@ -349,7 +351,7 @@ def test_train_loss_is_the_size_weighted_pre_step_mean_over_all_epochs():
         torch.randint(0, 256, (10, 1, 2, 2), dtype=torch.uint8, generator=generator),
         torch.randint(0, 3, (10,), generator=generator),
     )
-    recipe = OptimizerRecipe(local_epochs=2, batch_size=4, learning_rate=0.5, momentum=0.9, weight_decay=1e-3)
+    recipe = TrainRecipe(local_epochs=2, batch_size=4, learning_rate=0.5, momentum=0.9, weight_decay=1e-3)
     transform = BatchTransform(TINY_INFO, augment=False)
 
     trained = tiny_model()
@@ -479,7 +481,7 @@ def test_round_flops_refuses_bad_arguments(arguments, fragment):
 
 
 # ---------------------------------------------------------------------------
-# persist-optimizer-state: the authors' clients keep SGD momentum between rounds (spec A12)
+# persist-optimizer-state: the authors' clients keep SGD momentum between rounds (spec A12); Adam too
 # ---------------------------------------------------------------------------
 
 
@@ -491,21 +493,38 @@ def tiny_data(seed: int = 5) -> ImageTensors:
     )
 
 
-def test_kept_momentum_continues_one_optimizer_across_rounds():
-    """Two calls that hand the momentum on equal one SGD optimizer living through both rounds."""
+@pytest.mark.parametrize(
+    ("options", "reference_optimizer", "slots"),
+    [
+        (
+            {"learning_rate": 0.5, "momentum": 0.9},
+            lambda parameters: torch.optim.SGD(parameters, lr=0.5, momentum=0.9),
+            {"momentum_buffer"},
+        ),
+        (
+            {"optimizer": "adam", "learning_rate": 0.01},
+            lambda parameters: torch.optim.Adam(parameters, lr=0.01),
+            {"step", "exp_avg", "exp_avg_sq"},
+        ),
+    ],
+    ids=["sgd-momentum", "adam"],
+)
+def test_kept_optimizer_state_continues_one_optimizer_across_rounds(options, reference_optimizer, slots):
+    """Two calls that hand the optimizer state on equal one optimizer living through both rounds."""
     data, transform = tiny_data(), BatchTransform(TINY_INFO, augment=False)
-    recipe = OptimizerRecipe(batch_size=4, learning_rate=0.5, momentum=0.9, persist_optimizer_state=True)
+    recipe = TrainRecipe(batch_size=4, persist_optimizer_state=True, **options)
     cpu = torch.device("cpu")
 
     client = tiny_model()
     first = train_locally(client, data, recipe, transform, cpu, torch.Generator().manual_seed(1))
-    assert first.momentum is not None and set(first.momentum) == {n for n, _ in client.named_parameters()}
+    kept = first.optimizer_state
+    assert kept is not None and set(kept) == {f"{n}/{slot}" for n, _ in client.named_parameters() for slot in slots}
     global_model = tiny_model()  # the server's next model: the client starts round 2 from it
     client.load_state_dict(global_model.state_dict())
-    train_locally(client, data, recipe, transform, cpu, torch.Generator().manual_seed(2), momentum=first.momentum)
+    train_locally(client, data, recipe, transform, cpu, torch.Generator().manual_seed(2), optimizer_state=kept)
 
     reference = tiny_model()
-    optimizer = torch.optim.SGD(reference.parameters(), lr=0.5, momentum=0.9)
+    optimizer = reference_optimizer(reference.parameters())
     for round_seed in (1, 2):
         if round_seed == 2:
             reference.load_state_dict(global_model.state_dict())
@@ -525,6 +544,34 @@ def test_kept_momentum_continues_one_optimizer_across_rounds():
 def test_momentum_is_not_kept_unless_asked():
     data, transform = tiny_data(), BatchTransform(TINY_INFO, augment=False)
     stats = train_locally(
-        tiny_model(), data, OptimizerRecipe(batch_size=4), transform, torch.device("cpu"), torch.Generator()
+        tiny_model(), data, TrainRecipe(batch_size=4), transform, torch.device("cpu"), torch.Generator()
     )
-    assert stats.momentum is None
+    assert stats.optimizer_state is None
+
+
+def test_adam_with_its_settings_is_torch_adam():
+    data, transform = tiny_data(), BatchTransform(TINY_INFO, augment=False)
+    recipe = TrainRecipe(
+        batch_size=5,
+        optimizer="adam",
+        learning_rate=0.02,
+        adam_beta1=0.8,
+        adam_beta2=0.99,
+        adam_eps=1e-6,
+        weight_decay=1e-3,
+    )
+    mine = tiny_model()
+    train_locally(mine, data, recipe, transform, torch.device("cpu"), torch.Generator().manual_seed(3))
+    reference = tiny_model()
+    optimizer = torch.optim.Adam(reference.parameters(), lr=0.02, betas=(0.8, 0.99), eps=1e-6, weight_decay=1e-3)
+    for images, labels, _ in batches(data, 5, shuffle=True, generator=torch.Generator().manual_seed(3)):
+        loss = F.cross_entropy(reference(transform(images, train=True)), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    for a, b in zip(mine.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="optimizer = 'lion'.*accepted: sgd, adam"):
+        train_locally(
+            tiny_model(), data, TrainRecipe(optimizer="lion"), transform, torch.device("cpu"), torch.Generator()
+        )

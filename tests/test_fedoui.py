@@ -15,30 +15,28 @@ from hypothesis import strategies as st
 from scipy import stats
 from torch import nn
 
-from fedweigh.client.steps import CLIENT_STEPS, StepContext, build_steps
+from fedweigh.client.oui import oui, probe_indices
+from fedweigh.client.registry import CLIENT_STEPS, build_steps
+from fedweigh.client.steps import StepContext
 from fedweigh.data.sources import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
 from fedweigh.models import build_model
-from fedweigh.settings import FedAlignSettings, FedOUISettings, parse_settings
-from fedweigh.strategies import build_strategy
-from fedweigh.strategies import fedoui as fedoui_module
-from fedweigh.strategies.fedoui import (
-    AlignmentRule,
-    FedAlign,
+from fedweigh.preflight import parse_settings
+from fedweigh.rules import fedoui as fedoui_module
+from fedweigh.rules.base import RoundSignals
+from fedweigh.rules.fedalign import AlignmentRule, alignment_weights, update_cosines
+from fedweigh.rules.fedoui import (
     OUIBetaRule,
-    alignment_weights,
     beta_mle,
     beta_moments,
     bilateral_scores,
     fedoui_weights,
     fit_oui_beta,
-    oui,
-    probe_indices,
     rank_percentile_scores,
-    update_cosines,
 )
-from fedweigh.strategies.weighting import RoundSignals
+from fedweigh.settings import FedAlignSettings, FedOUISettings, OUIProbeSettings
+from fedweigh.strategies.build import build_strategy
 
 # Round 59 of the authors' released alpha = 0.1 run (FedOUI repo, results/tables/report_oui_snapshot.csv):
 # the paper's "representative round" (OUIs centred at 0.2767, Beta(6.10, 15.94)), with the released
@@ -392,9 +390,10 @@ def step_context(model: nn.Module, num_samples: int = 40, server_round: int = 1,
         transform=BatchTransform(info, augment=True),
         device=torch.device("cpu"),
         seed=1234 + server_round,  # the per-round seed must not move the probe
+        run_seed=5,
         partition_id=3,
         server_round=server_round,
-        options={"oui.seed": 5, "oui.probe-size": 8, "oui.probe-layer": "", **options},
+        config={"oui.probe-size": 8, "oui.probe-layer": "", **options},
     )
 
 
@@ -455,12 +454,12 @@ def test_probe_step_with_a_small_partition_and_an_explicit_layer():
 
 def test_probe_step_errors_name_the_problem():
     model = DropoutNet()
-    with pytest.raises(ValueError, match="fedoui.probe-layer = 'nope'"):
+    with pytest.raises(ValueError, match="oui.probe-layer = 'nope'"):
         CLIENT_STEPS["oui"]().after_training(step_context(model, **{"oui.probe-layer": "nope"}))
-    context = step_context(model)
-    context.options = {"oui.probe-size": 8}
-    with pytest.raises(ValueError, match="oui.seed"):
-        CLIENT_STEPS["oui"]().after_training(context)
+    # the check before training asks the step the same question, on the model alone
+    with pytest.raises(ValueError, match="oui.probe-layer = 'nope' is not a submodule of DropoutNet"):
+        CLIENT_STEPS["oui"].check_model(model, {"oui.probe-layer": "nope"})
+    CLIENT_STEPS["oui"].check_model(model, {})  # the model's own probe layer
 
 
 # ---------------------------------------------------------------------------
@@ -499,7 +498,7 @@ def test_all_updates_zero_give_fedavg_up_to_epsilon():
 
 def test_fedalign_strategy_weighs_by_the_server_signal():
     strategy = build_strategy(parse_settings({"strategy": "fedalign", "min-train-nodes": 2}))
-    assert isinstance(strategy, FedAlign) and strategy.required_signals == {}
+    assert isinstance(strategy.rule, AlignmentRule) and strategy.rule.signals == ()  # asks the clients for nothing
     prime(strategy)
     sizes = [10, 30, 20]
     models = [tiny_model(i) for i in range(3)]
@@ -530,23 +529,21 @@ def test_alignment_rule_needs_the_server_signal():
 
 
 def test_builder_recipe_and_settings():
-    settings_ = parse_settings({"strategy": "fedoui", "seed": 7, "fedoui.probe-size": 16, "fedoui.window": 5})
+    settings_ = parse_settings({"strategy": "fedoui", "seed": 7, "oui.probe-size": 16, "fedoui.window": 5})
     strategy = build_strategy(settings_)
     assert isinstance(strategy.rule, OUIBetaRule) and strategy.rule.window == 5
     assert strategy.recipe["client-steps"] == ["oui"]
-    assert (strategy.recipe["oui.seed"], strategy.recipe["oui.probe-size"], strategy.recipe["oui.probe-layer"]) == (
-        7,
-        16,
-        "",
-    )
-    with pytest.raises(ValueError, match="fedoui.probe-size"):
-        parse_settings({"fedoui.probe-size": 1})
+    assert (strategy.recipe["oui.probe-size"], strategy.recipe["oui.probe-layer"]) == (16, "")
+    assert not any(key.startswith("fedoui.") for key in strategy.recipe)  # the rule's options stay on the server
+    with pytest.raises(ValueError, match="oui.probe-size"):
+        parse_settings({"oui.probe-size": 1})
 
 
 def test_pyproject_defaults_match_the_settings():
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     assert FedOUISettings.model_validate(config["fedoui"]) == FedOUISettings()
     assert FedAlignSettings.model_validate(config["fedalign"]) == FedAlignSettings()
+    assert OUIProbeSettings.model_validate(config["oui"]) == OUIProbeSettings()
     assert (config["rare-clients"], config["rare-client-cap"], config["noisy-clients"], config["label-noise"]) == (
         0.0,
         120,

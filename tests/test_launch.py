@@ -8,26 +8,25 @@ from pathlib import Path
 
 import pytest
 
-from fedweigh import launch
-from fedweigh.launch import (
+from fedweigh.launch.commands import (
     build_federation_config,
-    build_run_config_arg,
-    default_run_name,
     flwr_run_command,
-    format_toml_value,
-    merge_connection,
-    parse_run_config,
     parse_run_id,
     parse_run_status,
-    prepare_run_config,
-    resolve_dataset,
-    resolve_flwr_home,
-    resolve_output_dir,
-    results_dir_for,
     simulation_env,
     superlink_command,
-    update_connection_text,
-    write_connection,
+)
+from fedweigh.launch.connection import merge_connection, resolve_flwr_home, update_connection_text, write_connection
+from fedweigh.launch.runconfig import (
+    build_run_config_arg,
+    default_run_name,
+    format_toml_value,
+    load_app_config,
+    parse_run_config,
+    prepare_run_config,
+    resolve_dataset,
+    resolve_output_dir,
+    results_dir_for,
 )
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -369,7 +368,7 @@ def test_prepare_run_config_app_without_output_keys(tmp_path: Path):
 
 def test_load_app_config_matches_repo_pyproject():
     root = Path(__file__).resolve().parents[1]
-    cfg = launch.load_app_config(root)
+    cfg = load_app_config(root)
     for key in ("strategy", "output-dir", "run-name", "dataset"):
         assert key in cfg
     assert "fedprox.proximal-mu" in cfg  # nested tables are flattened like flwr does
@@ -436,7 +435,7 @@ def test_process_tree_terminate_and_orphans(tmp_path: Path):
     import subprocess
     import time
 
-    from fedweigh.launch import ProcessTree, _process_table
+    from fedweigh.launch.processes import ProcessTree, process_table
 
     # root (bash) -> middle (bash) -> sleep; killing the middle orphans the sleep,
     # which the tree still remembers (like Ray's agents after a stopped run).
@@ -450,12 +449,12 @@ def test_process_tree_terminate_and_orphans(tmp_path: Path):
         sleep_pid = int(Path(f"{ready}.sleep").read_text())
         tree = ProcessTree(root.pid, root)
         assert sleep_pid in {p for p, _ in tree.known}
-        middle = _process_table()[sleep_pid][0]
+        middle = process_table()[sleep_pid][0]
         subprocess.run(["kill", "-KILL", str(middle)], check=True)
         time.sleep(0.3)
         assert sleep_pid in {p for p, _ in tree.orphans(tree.refresh())}
         tree.kill_orphans()
-        table = _process_table()  # a killed orphan may linger as a zombie of init
+        table = process_table()  # a killed orphan may linger as a zombie of init
         assert sleep_pid not in table or table[sleep_pid][2] == "Z"
         tree.terminate(grace=2.0, settle=0.2)
         assert root.wait(timeout=5) is not None

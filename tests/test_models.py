@@ -216,14 +216,13 @@ def test_unknown_option_names_option_model_and_accepted_options() -> None:
     with pytest.raises(ValueError) as info:
         build_model("fedoui-cnn", 10, 3, 32, hidden=64)
     message = str(info.value)
-    assert "hidden" in message and "fedoui-cnn" in message and "(none)" in message
+    assert "hidden" in message and "fedoui-cnn" in message and "accepted options: width" in message
 
 
 def test_model_options_lists_each_models_options() -> None:
     options = {name: model_options(name) for name in model_names()}
-    assert options["resnet8"] == ["width"]
-    assert options["mlp"] == ["hidden"]
-    assert all(options[n] == [] for n in options if n not in {"resnet8", "mlp"})
+    assert options["mlp"] == ["dropout", "hidden"]
+    assert all(options[n] == ["width"] for n in options if n != "mlp")  # the CNN and ResNet families
 
 
 def test_resnet8_width_option_scales_the_network() -> None:
@@ -350,3 +349,65 @@ def test_on_device_keeps_what_the_model_computes_and_sends(name):
         torch.testing.assert_close(fast(x), plain(x), rtol=1e-4, atol=1e-5)
     sent = ArrayRecord(fast.state_dict()).to_torch_state_dict()
     assert all(torch.equal(sent[key], value) for key, value in plain.state_dict().items())
+
+
+@pytest.mark.parametrize(
+    ("name", "channels", "size", "default_width"),
+    [
+        ("fedoui-cnn", 3, 32, 32),
+        ("fashion-cnn", 1, 28, 32),
+        ("lenet5", 1, 28, 32),
+        ("vgg9", 3, 32, 64),
+        ("resnet8", 3, 32, 128),
+        ("resnet18", 3, 32, 64),
+    ],
+)
+def test_width_scales_every_cnn_and_resnet_and_keeps_the_default(name, channels, size, default_width):
+    default = build_model(name, 10, channels, size)
+    same = build_model(name, 10, channels, size, width=default_width)
+    assert [(k, v.shape) for k, v in default.state_dict().items()] == [
+        (k, v.shape) for k, v in same.state_dict().items()
+    ]
+    narrow = build_model(name, 10, channels, size, width=default_width // 2)
+    assert _count(narrow) < _count(default)
+    assert list(narrow.state_dict()) == list(default.state_dict())  # the same layers, fewer channels
+    x = torch.zeros(2, channels, size, size)
+    assert narrow(x).shape == (2, 10)
+    narrow.get_submodule(narrow.probe_layer)  # the probe tap is still there
+
+
+def test_resnet8_at_width_16_is_flood_s_small_network():
+    model = build_model("resnet8", 10, 3, 32, width=16)
+    assert _count(model) == 78_042  # "78k params" (FLood spec §10)
+
+
+def test_mlp_target_b_of_ufl():
+    """UFL's Target B: MLP 64-128-128-10 with Dropout(0.2) after each hidden layer (spec §11)."""
+    model = build_model("mlp", 10, 1, 8, hidden=(128, 128), dropout=0.2)
+    assert _count(model) == (64 * 128 + 128) + (128 * 128 + 128) + (128 * 10 + 10)
+    assert [type(m).__name__ for m in model.children()] == [
+        "Flatten",
+        "Linear",
+        "ReLU",
+        "Dropout",
+        "Linear",
+        "ReLU",
+        "Dropout",
+        "Linear",
+    ]
+    assert (model.probe_layer, model.classifier_layer) == ("fc2", "fc3")
+    assert [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)] == [0.2, 0.2]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"hidden": ()}, "hidden"),
+        ({"hidden": (64, 0)}, "hidden"),
+        ({"dropout": 1.0}, "dropout"),
+        ({"dropout": -0.1}, "dropout"),
+    ],
+)
+def test_bad_mlp_options_are_named(options, message):
+    with pytest.raises(ValueError, match=f"mlp option '{message}'"):
+        build_model("mlp", 10, 1, 8, **options)

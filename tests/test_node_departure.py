@@ -17,8 +17,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, Metadata,
 from flwr.app.message.message import make_message
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
+from fedweigh.rules.base import SampleCountRule
 from fedweigh.strategies.base import WeightedFedAvg
-from fedweigh.strategies.weighting import SampleCountRule
 
 PARTITIONS = {1000 + i: i for i in range(4)}
 

@@ -28,15 +28,10 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from fedweigh.launch import (
-    LocalSimulation,
-    ProcessTree,
-    RayNode,
-    build_federation_config,
-    free_port,
-    free_port_options,
-    simulation_env,
-)
+from fedweigh.launch.commands import build_federation_config, simulation_env
+from fedweigh.launch.processes import ProcessTree, free_port, free_port_options
+from fedweigh.launch.ray import RayNode
+from fedweigh.launch.simulation import LocalSimulation
 from fedweigh.results import read_metrics
 
 OBJECT_STORE_BYTES = 80_000_000  # per node; the default (30% of RAM) is far more than a test needs

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import SHARED_DATASETS
 
-from fedweigh.settings import SettingsError, parse_settings
+from fedweigh.preflight import parse_settings
+from fedweigh.settings import SettingsError
 
 
 def test_defaults_parse():
@@ -55,7 +56,7 @@ def test_every_problem_is_listed_at_once():
 
 
 def test_client_steps_compose_methods_with_one_setting():
-    from fedweigh.strategies import build_strategy
+    from fedweigh.strategies.build import build_strategy
 
     strategy = build_strategy(parse_settings({"strategy": "fedoui", "client-steps": "ufl"}))
     assert strategy.rule.name == "oui-beta"

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import REPO
 
-from fedweigh.launch import LocalSimulation
+from fedweigh.launch.simulation import LocalSimulation
 from fedweigh.results import read_metrics
 
 STRATEGIES = ["fedavg", "fedprox", "fedoui", "fedalign", "fednolowe", "fedasl", "ufl", "ufl-fedavg"]

@@ -11,7 +11,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from fedweigh import client_app
 from fedweigh.components import new_model, settings_from
 from fedweigh.data.sources import load_digits
-from fedweigh.launch import load_app_config
+from fedweigh.launch.runconfig import load_app_config
+from fedweigh.protocol import TrainRecipe
 
 SITE_TRAIN, SITE_TEST = 200, 40
 
@@ -65,16 +66,11 @@ def test_train_message_on_a_site_replies_with_its_sample_count(site):
     model = new_model(settings_from(ctx.run_config))
     config = ConfigRecord(
         {
+            **TrainRecipe(batch_size=32, learning_rate=0.05).to_config(),
             "server-round": 1,
-            "local-epochs": 1,
-            "batch-size": 32,
-            "learning-rate": 0.05,
-            "momentum": 0.9,
-            "weight-decay": 0.0,
             "client-steps": ["oui"],
             "oui.probe-size": 16,
             "oui.probe-layer": "",
-            "oui.seed": 1,
         }
     )
     message = Message(

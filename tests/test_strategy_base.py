@@ -8,10 +8,10 @@ from conftest import FakeGrid, reply
 from flwr.app import Array, ArrayRecord, ConfigRecord
 from flwr.serverapp.strategy import FedAvg
 
+from fedweigh.rules.base import ComplementShareRule, SampleCountRule, UniformRule
 from fedweigh.strategies.aggregation import decode, weighted_average
 from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.sampling import sample_partitions
-from fedweigh.strategies.weighting import ComplementShareRule, SampleCountRule, UniformRule
 
 
 def model(seed: int) -> dict[str, np.ndarray]:

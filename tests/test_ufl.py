@@ -15,35 +15,30 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from fedweigh.client.steps import CLIENT_STEPS, StepContext
-from fedweigh.client.training import OptimizerRecipe, train_locally, weighted_cross_entropy
+from fedweigh.client.mc_dropout import (
+    HEAD_DROPOUT_ATTRIBUTE,
+    DropoutMasks,
+    DropoutSite,
+    HeadDropout,
+    dropout_sites,
+    ensure_mc_dropout,
+    mc_mean_probabilities,
+)
+from fedweigh.client.registry import CLIENT_STEPS
+from fedweigh.client.steps import StepContext
+from fedweigh.client.training import train_locally, weighted_cross_entropy
+from fedweigh.client.ufl import UncertaintyWeighting, loss_weights, sample_uncertainty, select_uncertain, selection_size
 from fedweigh.data.sources import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
 from fedweigh.models import build_model
-from fedweigh.settings import SettingsError, UFLSettings, parse_settings
-from fedweigh.strategies import build_strategy
+from fedweigh.preflight import parse_settings
+from fedweigh.protocol import UNCERTAINTY, UNCERTAINTY_MEAN, TrainRecipe
+from fedweigh.rules.base import ComplementShareRule, RoundSignals, SampleCountRule
+from fedweigh.rules.uagg import SizeAwareComplementShareRule, size_aware_complement_share_weights, u_agg_rule
+from fedweigh.settings import SettingsError, UAggSettings
 from fedweigh.strategies.base import WeightedFedAvg
-from fedweigh.strategies.ufl import (
-    HEAD_DROPOUT_ATTRIBUTE,
-    UNCERTAINTY,
-    UNCERTAINTY_MEAN,
-    DropoutMasks,
-    DropoutSite,
-    HeadDropout,
-    SizeAwareComplementShareRule,
-    UncertaintyWeighting,
-    dropout_sites,
-    ensure_mc_dropout,
-    loss_weights,
-    mc_mean_probabilities,
-    sample_uncertainty,
-    select_uncertain,
-    selection_size,
-    size_aware_complement_share_weights,
-    u_agg_rule,
-)
-from fedweigh.strategies.weighting import ComplementShareRule, RoundSignals, SampleCountRule
+from fedweigh.strategies.build import build_strategy
 
 CPU = torch.device("cpu")
 SPEC_U = [0.1, 0.9, 0.3, 0.8, 0.2, 0.7, 0.0, 0.4, 0.5, 0.6]
@@ -154,7 +149,7 @@ def test_bad_ratio_and_alpha_are_named():
     ],
 )
 def test_spec_u_agg_vectors(uncertainties, expected):
-    rule = u_agg_rule(UFLSettings())
+    rule = u_agg_rule(UAggSettings())
     assert isinstance(rule, ComplementShareRule) and rule.signal == UNCERTAINTY
     values = np.array(uncertainties, dtype=float)
     outcome = rule(RoundSignals(np.full(len(values), 10.0), {UNCERTAINTY: values}))
@@ -168,9 +163,9 @@ def test_size_aware_and_mean_forms():
     )
     # all U zero: the complement shares are uniform, so the weights are FedAvg's
     np.testing.assert_allclose(size_aware_complement_share_weights(np.zeros(2), np.array([1, 3])), [0.25, 0.75])
-    rule = u_agg_rule(UFLSettings(aggregation_signal="mean", size_aware=True))
+    rule = u_agg_rule(UAggSettings(signal="mean", size_aware=True))
     assert isinstance(rule, SizeAwareComplementShareRule) and rule.signal == UNCERTAINTY_MEAN
-    assert rule.signals.keys() == {UNCERTAINTY_MEAN}
+    assert rule.signals == (UNCERTAINTY_MEAN,)
 
 
 def _arrays(seed: int) -> dict[str, np.ndarray]:
@@ -231,8 +226,9 @@ def test_builders_send_the_ufl_recipe():
     assert isinstance(fedavg.rule, SampleCountRule) and fedavg.recipe["client-steps"] == ["ufl"]
     with pytest.raises(SettingsError, match="ufl.ratio"):
         parse_settings({"ufl.ratio": 0.0})
-    with pytest.raises(SettingsError, match="ufl.aggregation-signal"):
-        parse_settings({"ufl.aggregation-signal": "max"})
+    with pytest.raises(SettingsError, match="uagg.signal"):
+        parse_settings({"uagg.signal": "max"})
+    assert not any(key.startswith("uagg.") for key in strategy.recipe)  # the rule's options stay on the server
 
 
 # ---------------------------------------------------------------------------
@@ -257,7 +253,7 @@ def test_inserted_head_dropout_keeps_keys_trains_and_is_off_in_eval():
     model.fc2.register_forward_pre_hook(lambda m, args: seen.append(args[0]))  # after the dropout hook
     first, second = model(x), model(x)
     assert not torch.equal(first, second)
-    dropped = (seen[0] == 0) & (reference.relu(reference.fc1(x.flatten(1))) != 0)
+    dropped = (seen[0] == 0) & (reference.relu1(reference.fc1(x.flatten(1))) != 0)
     assert 0.15 < dropped.float().mean() < 0.45  # about p = 0.3 of the live features are dropped
     # a model built fresh (the server's) loads the hooked model's state
     fresh = build_model("mlp", 10, 1, 8)
@@ -390,9 +386,10 @@ def _context(model: nn.Module, data: ImageTensors, transform: BatchTransform, **
         transform=transform,
         device=CPU,
         seed=123,
+        run_seed=1,
         partition_id=0,
         server_round=1,
-        options={f"ufl.{key}": value for key, value in options.items()},
+        config={f"ufl.{key}": value for key, value in options.items()},
     )
 
 
@@ -422,7 +419,7 @@ def _train_like_the_client_app(model: nn.Module, data, transform, steps: list[st
     weighting = None
     for name in steps:
         weighting, _ = CLIENT_STEPS[name]().before_training(_context(model, data, transform, **options))
-    train_locally(model, data, OptimizerRecipe(batch_size=8), transform, CPU, generator, weighting)
+    train_locally(model, data, TrainRecipe(batch_size=8), transform, CPU, generator, weighting)
     return model
 
 

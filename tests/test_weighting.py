@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedweigh.strategies.weighting import (
+from fedweigh.protocol import SIGNALS
+from fedweigh.rules.base import (
     ComplementShareRule,
     RoundSignals,
     SampleCountRule,
@@ -84,5 +85,6 @@ def test_rules_sum_to_one_and_follow_permutations(counts):
 
 def test_complement_share_rule_declares_its_signal():
     rule = ComplementShareRule("uncertainty")
-    assert set(rule.signals) == {"uncertainty"}
-    assert rule.signals["uncertainty"](1.0) and not rule.signals["uncertainty"](float("nan"))
+    assert rule.signals == ("uncertainty",)
+    check = SIGNALS["uncertainty"].check  # the protocol says which values are valid
+    assert check(1.0) and not check(float("nan")) and not check(-1.0)

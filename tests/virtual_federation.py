@@ -34,14 +34,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedweigh.launch import (
-    ProcessTree,
-    build_run_config_arg,
-    free_port,
-    parse_run_id,
-    parse_run_status,
-    simulation_env,
-)
+from fedweigh.launch.commands import parse_run_id, parse_run_status, simulation_env
+from fedweigh.launch.processes import ProcessTree, free_port
+from fedweigh.launch.runconfig import build_run_config_arg
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"

@@ -111,9 +111,9 @@ def run_case(k: int, side: str, level: str, repeat: int = 3, model: str = "resne
     from flwr.serverapp.strategy import FedAvg
     from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
+    from fedweigh.rules.base import SampleCountRule
     from fedweigh.strategies.aggregation import decode, encode, weighted_average
     from fedweigh.strategies.base import WeightedFedAvg
-    from fedweigh.strategies.weighting import SampleCountRule
 
     replies, global_arrays = _replies(k, model)
     contents = [reply.content for reply in replies]
@@ -123,7 +123,7 @@ def run_case(k: int, side: str, level: str, repeat: int = 3, model: str = "resne
         strategy = WeightedFedAvg(SampleCountRule(), {}, seed=1)
 
         def work() -> Any:
-            strategy._reference = decode(global_arrays)  # set by configure_train in a real round
+            strategy.global_models[1] = decode(global_arrays)  # set by configure_train in a real round
             strategy.records.clear()
             return strategy.aggregate_train(1, replies)[0]
     elif side == "flower" and level == "strategy":

@@ -38,21 +38,22 @@ def bare_federated_run(run_config: Mapping[str, Any], num_partitions: int) -> di
     import torch
 
     from fedweigh.client.training import evaluate, train_locally
-    from fedweigh.client_app import _recipe, client_seed
+    from fedweigh.client_app import client_seed
     from fedweigh.components import batch_transform, configure_torch, data_spec, new_model, resolve_device
     from fedweigh.data.federated import load_partition, load_test_split
     from fedweigh.models import on_device
-    from fedweigh.settings import parse_settings
-    from fedweigh.strategies import build_strategy
+    from fedweigh.preflight import parse_settings
+    from fedweigh.protocol import CLIENT_STEPS, TRAIN_LOSS, TrainRecipe
+    from fedweigh.rules.base import RoundSignals
     from fedweigh.strategies.aggregation import weighted_average
+    from fedweigh.strategies.build import build_strategy
     from fedweigh.strategies.sampling import sample_partitions, sample_size
-    from fedweigh.strategies.weighting import RoundSignals
 
     imported = time.perf_counter()
     configure_torch()
     settings = parse_settings(run_config)
     strategy = build_strategy(settings)
-    if strategy.recipe.get("client-steps"):
+    if strategy.recipe.get(CLIENT_STEPS):
         raise ValueError(f"strategy {settings.strategy!r} runs client steps; the bare loop supports none")
     device = resolve_device(settings.device)
     spec = data_spec(settings, num_partitions)
@@ -60,7 +61,6 @@ def bare_federated_run(run_config: Mapping[str, Any], num_partitions: int) -> di
     test = load_test_split(spec)
     global_model = on_device(new_model(settings), device)
     client_model = on_device(new_model(settings), device)
-    recipe = _recipe(dict(strategy.recipe))
     setup_done = time.perf_counter()
 
     rounds: list[dict[str, float]] = []
@@ -70,6 +70,7 @@ def bare_federated_run(run_config: Mapping[str, Any], num_partitions: int) -> di
         size = sample_size(num_partitions, settings.fraction_train, settings.min_train_nodes)
         chosen = sample_partitions(settings.seed, server_round, range(num_partitions), size)
         global_state = {k: v.detach().clone() for k, v in global_model.state_dict().items()}
+        recipe = TrainRecipe.from_config({**strategy.recipe, **strategy.round_values(server_round)})
         models, counts, losses = [], [], []
         data_seconds = train_seconds = 0.0
         for partition in chosen:  # the simulation sums replies in partition order too
@@ -86,7 +87,7 @@ def bare_federated_run(run_config: Mapping[str, Any], num_partitions: int) -> di
             counts.append(stats.num_examples)
             losses.append(stats.train_loss)
         t_aggregate = time.perf_counter()
-        outcome = strategy.rule(RoundSignals(np.asarray(counts, dtype=np.float64), {"train_loss": np.asarray(losses)}))
+        outcome = strategy.rule(RoundSignals(np.asarray(counts, dtype=np.float64), {TRAIN_LOSS: np.asarray(losses)}))
         averaged = weighted_average(models, outcome.weights)
         global_model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in averaged.items()})
         t_evaluate = time.perf_counter()

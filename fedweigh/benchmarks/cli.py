@@ -215,10 +215,10 @@ def _overhead(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
 def _methods(quick: bool, sim: Any, strategies: list[str] | None) -> dict[str, Any]:
     from fedweigh.benchmarks.common import digits_small, fedoui_cifar10
     from fedweigh.benchmarks.methods import method_overhead
-    from fedweigh.strategies import strategy_names
+    from fedweigh.methods import METHODS
 
     setting = digits_small(3) if quick else fedoui_cifar10(6)
-    return method_overhead(setting, strategies or strategy_names(), sim)
+    return method_overhead(setting, strategies or sorted(METHODS), sim)
 
 
 def _scale(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
@@ -270,7 +270,8 @@ def run_benchmark(name: str, *, quick: bool, sim: Any = None, strategies: list[s
 def run_command(args: argparse.Namespace) -> int:
     """Handler of ``fedweigh benchmark ...``; returns the exit code."""
     from fedweigh.benchmarks.common import APP_DIR, BenchmarkError, write_json
-    from fedweigh.launch import LocalSimulation, SimulationError
+    from fedweigh.launch.runconfig import SimulationError
+    from fedweigh.launch.simulation import LocalSimulation
 
     names = list(BENCHMARKS) if args.name == "all" else [args.name]
     if args.output is not None and len(names) > 1:

@@ -162,12 +162,12 @@ def _pss_bytes(pid: int) -> int:
 
 def tree_pids(roots: int | Sequence[int]) -> list[int]:
     """``roots`` and every process below them (the launcher's process table and tree walk)."""
-    from fedweigh.launch import _descendants, _process_table
+    from fedweigh.launch.processes import descendants, process_table
 
-    table = _process_table()
+    table = process_table()
     found = [roots] if isinstance(roots, int) else list(roots)
     for root in list(found):
-        found += [pid for pid, _ in _descendants(root, table)]
+        found += [pid for pid, _ in descendants(root, table)]
     return found
 
 

@@ -49,7 +49,7 @@ def warm_data_cache(run_config: Mapping[str, Any], num_partitions: int) -> None:
     """Build the dataset's Arrow cache once, so that neither side pays for it."""
     from fedweigh.components import data_spec
     from fedweigh.data.federated import clear_caches, load_test_split, partition_sizes
-    from fedweigh.settings import parse_settings
+    from fedweigh.preflight import parse_settings
 
     spec = data_spec(parse_settings(run_config), num_partitions)
     partition_sizes(spec)
@@ -99,7 +99,7 @@ def federation_overhead(setting: Setting, sim: Any, output_dir: Path | None = No
         ``round_ratio`` (mean round time, rounds 2..T), the phases of each
         side, the CPU seconds of each, and ``same_accuracies``.
     """
-    from fedweigh.launch import load_app_config
+    from fedweigh.launch.runconfig import load_app_config
 
     defaults = load_app_config(APP_DIR)
     full = {**defaults, **setting.run_config}

@@ -54,8 +54,8 @@ def time_partition_check(setting: Setting) -> float:
     from fedweigh.benchmarks.common import APP_DIR
     from fedweigh.components import data_spec
     from fedweigh.data.federated import clear_caches, partition_sizes
-    from fedweigh.launch import load_app_config
-    from fedweigh.settings import parse_settings
+    from fedweigh.launch.runconfig import load_app_config
+    from fedweigh.preflight import parse_settings
 
     spec = data_spec(parse_settings({**load_app_config(APP_DIR), **setting.run_config}), setting.num_supernodes)
     partition_sizes(spec)  # warm: the dataset load is not what scales

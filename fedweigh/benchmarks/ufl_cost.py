@@ -16,13 +16,14 @@ from typing import Any
 import torch
 
 from fedweigh.client.steps import StepContext
-from fedweigh.client.training import OptimizerRecipe, train_locally
+from fedweigh.client.training import train_locally
+from fedweigh.client.ufl import UFLStep
 from fedweigh.data.sources import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
 from fedweigh.models import build_model, on_device
-from fedweigh.settings import parse_settings
-from fedweigh.strategies.ufl import UFLStep, ufl_recipe
+from fedweigh.protocol import STEPS, TrainRecipe, table_entries
+from fedweigh.settings import validate
 
 TARGET_RATIO = 1.5
 HEAVY_MODELS = frozenset({"vgg9", "resnet8", "resnet18"})
@@ -78,15 +79,17 @@ def _ufl_step(
     cheap: bool,
 ) -> Any:
     """The ``ufl`` client step on ``model``; returns its loss weighting."""
-    settings = parse_settings({"ufl.mc-passes": passes, "ufl.cheap-path": cheap})
-    context = StepContext(model, data, transform, device, seed=3, partition_id=0, server_round=1)
-    context.options = ufl_recipe(settings.ufl)
+    settings = validate({"ufl.mc-passes": passes, "ufl.cheap-path": cheap})
+    config = table_entries(STEPS["ufl"].options, settings.ufl)
+    context = StepContext(
+        model, data, transform, device, seed=3, run_seed=1, partition_id=0, server_round=1, config=config
+    )
     weighting, _ = UFLStep().before_training(context)
     return weighting
 
 
 def _measure_once(
-    model_name: str, data: ImageTensors, transform: BatchTransform, recipe: OptimizerRecipe, mc_passes: int
+    model_name: str, data: ImageTensors, transform: BatchTransform, recipe: TrainRecipe, mc_passes: int
 ) -> dict[str, float]:
     """One timing of each client: FedAvg's epoch; UFL's MC step (cheap, naive) and its weighted epoch."""
     device = torch.device("cpu")
@@ -118,7 +121,7 @@ def client_costs(
     """
     channels, size, default_samples = PAPER_MODELS[model_name]
     data, transform = _client_data(channels, size, samples or default_samples, seed=0)
-    recipe = OptimizerRecipe(local_epochs=1, batch_size=batch_size, learning_rate=0.01, momentum=0.9)
+    recipe = TrainRecipe(local_epochs=1, batch_size=batch_size, learning_rate=0.01, momentum=0.9)
     device = torch.device("cpu")
     # First-call costs (allocator, oneDNN kernels for each batch shape) of every path, paid once per
     # ClientApp process in a federation, are paid here before anything is timed.

@@ -1,6 +1,8 @@
 """Local training and evaluation, with room for per-sample loss weights.
 
-The loop is written once for every method. A method that re-weights its own
+The loop is written once for every method; the server's
+:class:`~fedweigh.protocol.TrainRecipe` says how it runs (epochs, batch size,
+SGD with momentum or Adam, learning rate, weight decay, proximal term). A method that re-weights its own
 samples (UFL's uncertainty weights, FLood's energy-score weights) passes a
 :class:`SampleWeighting`: given a batch's logits, labels and the samples'
 local indices it returns one weight per sample, and the batch loss becomes
@@ -17,7 +19,6 @@ taken before its step: exactly the quantity FedNolowe weighs.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,19 +29,10 @@ from torch import nn
 from fedweigh.data.loader import batches
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
+from fedweigh.protocol import TrainRecipe
 
-
-@dataclass(frozen=True)
-class OptimizerRecipe:
-    """How a client trains locally; sent by the strategy each round."""
-
-    local_epochs: int = 1
-    batch_size: int = 32
-    learning_rate: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    proximal_mu: float = 0.0
-    persist_optimizer_state: bool = False
+OptimizerState = dict[str, torch.Tensor]
+"""An optimizer's state by ``"<parameter name>/<slot>"`` (``fc1.weight/momentum_buffer``), on the CPU."""
 
 
 class SampleWeighting(Protocol):
@@ -59,7 +51,7 @@ class TrainStats:
     num_examples: int
     steps: int
     seconds: float
-    momentum: dict[str, torch.Tensor] | None = None  # SGD momentum buffers by parameter name, on the CPU
+    optimizer_state: OptimizerState | None = None  # kept when the recipe asks (persist-optimizer-state)
 
 
 def weighted_cross_entropy(
@@ -79,37 +71,77 @@ def proximal_term(model: nn.Module, anchor: list[torch.Tensor]) -> torch.Tensor:
     return sum(((p - a) ** 2).sum() for p, a in zip(parameters, anchor, strict=True))
 
 
+def make_optimizer(parameters: list[torch.nn.Parameter], recipe: TrainRecipe) -> torch.optim.Optimizer:
+    """The recipe's optimizer over ``parameters``: SGD with momentum, or Adam."""
+    if recipe.optimizer == "sgd":
+        return torch.optim.SGD(
+            parameters, lr=recipe.learning_rate, momentum=recipe.momentum, weight_decay=recipe.weight_decay
+        )
+    if recipe.optimizer == "adam":
+        return torch.optim.Adam(
+            parameters,
+            lr=recipe.learning_rate,
+            betas=(recipe.adam_beta1, recipe.adam_beta2),
+            eps=recipe.adam_eps,
+            weight_decay=recipe.weight_decay,
+        )
+    raise ValueError(f"optimizer = {recipe.optimizer!r} is not accepted; accepted: sgd, adam")
+
+
+def export_state(optimizer: torch.optim.Optimizer, named: list[tuple[str, nn.Parameter]]) -> OptimizerState:
+    """Every tensor of the optimizer's per-parameter state, keyed ``"<name>/<slot>"``, on the CPU."""
+    exported: OptimizerState = {}
+    for name, parameter in named:
+        for slot, value in optimizer.state.get(parameter, {}).items():
+            tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+            exported[f"{name}/{slot}"] = tensor.detach().cpu().clone().contiguous()
+    return exported
+
+
+def import_state(
+    optimizer: torch.optim.Optimizer, named: list[tuple[str, nn.Parameter]], state: OptimizerState
+) -> None:
+    """Start ``optimizer`` from :func:`export_state`'s output; entries that do not fit are ignored."""
+    for name, parameter in named:
+        slots = {key.split("/", 1)[1]: value for key, value in state.items() if key.split("/", 1)[0] == name}
+        if not slots:
+            continue
+        restored: dict[str, torch.Tensor] = {}
+        for slot, value in slots.items():
+            if slot == "step":  # Adam's step count stays a CPU scalar tensor
+                restored[slot] = value.detach().clone().to(torch.float32)
+            elif value.shape == parameter.shape:
+                restored[slot] = value.to(parameter.device, parameter.dtype).clone()
+        if restored:
+            optimizer.state[parameter] = restored
+
+
 def train_locally(
     model: nn.Module,
     data: ImageTensors,
-    recipe: OptimizerRecipe,
+    recipe: TrainRecipe,
     transform: BatchTransform,
     device: torch.device,
     generator: torch.Generator,
     sample_weighting: SampleWeighting | None = None,
-    momentum: Mapping[str, torch.Tensor] | None = None,
+    optimizer_state: OptimizerState | None = None,
 ) -> TrainStats:
-    """Run ``recipe.local_epochs`` epochs of SGD on ``data`` in place on ``model``.
+    """Run ``recipe.local_epochs`` epochs on ``data`` in place on ``model``.
 
-    ``momentum`` (buffers by parameter name, from an earlier call's
-    ``TrainStats.momentum``) starts SGD's momentum where that call left it
-    instead of at zero; buffers whose name or shape no longer match are
-    ignored. The returned stats carry this call's final buffers when
-    ``recipe.persist_optimizer_state`` is set.
+    ``optimizer_state`` (an earlier call's ``TrainStats.optimizer_state``)
+    starts the optimizer where that call left it (SGD's momentum, Adam's
+    moments and step count) instead of fresh; entries whose parameter name or
+    shape no longer match are ignored. The returned stats carry this call's
+    final state when ``recipe.persist_optimizer_state`` is set.
     """
     started = time.perf_counter()
     model.to(device)
     model.train()
-    named = list(model.named_parameters())
-    optimizer = torch.optim.SGD(
-        [p for _, p in named], lr=recipe.learning_rate, momentum=recipe.momentum, weight_decay=recipe.weight_decay
-    )
-    if momentum and recipe.momentum > 0:
-        for name, parameter in named:
-            buffer = momentum.get(name)
-            if buffer is not None and buffer.shape == parameter.shape:
-                optimizer.state[parameter]["momentum_buffer"] = buffer.to(parameter.device, parameter.dtype).clone()
-    anchor = [p.detach().clone() for p in model.parameters() if p.requires_grad] if recipe.proximal_mu > 0 else []
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    optimizer = make_optimizer([p for _, p in named], recipe)
+    if optimizer_state:
+        import_state(optimizer, named, optimizer_state)
+    anchor = [p.detach().clone() for _, p in named] if recipe.proximal_mu > 0 else []
     loss_sum = 0.0
     steps = 0
     for _ in range(recipe.local_epochs):
@@ -130,16 +162,13 @@ def train_locally(
                 loss_sum += F.cross_entropy(logits.detach(), labels, reduction="sum").item()
             steps += 1
     seen = recipe.local_epochs * len(data)
-    buffers = None
-    if recipe.persist_optimizer_state and recipe.momentum > 0:
-        states = ((name, optimizer.state.get(parameter, {}).get("momentum_buffer")) for name, parameter in named)
-        buffers = {name: buffer.detach().cpu().contiguous() for name, buffer in states if buffer is not None}
+    kept = export_state(optimizer, named) if recipe.persist_optimizer_state else None
     return TrainStats(
         train_loss=loss_sum / seen,
         num_examples=len(data),
         steps=steps,
         seconds=time.perf_counter() - started,
-        momentum=buffers,
+        optimizer_state=kept or None,
     )
 
 

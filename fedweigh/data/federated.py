@@ -71,9 +71,13 @@ class DataSpec:
     num_partitions : int
         Number of clients.
     seed : int
-        Seeds the shuffle, the subsets and the partitioner.
-    dirichlet_alpha, classes_per_client, shards_per_client, min_partition_size
-        Parameters of the partitioners.
+        Seeds the shuffle, the subsets, the partitioner and the partition
+        edits (the run's ``partition-seed``, or its ``seed``).
+    dirichlet_alpha, dirichlet_self_balancing, classes_per_client, shards_per_client
+        Parameters of the partitioners (see :mod:`fedweigh.data.partitioning`).
+    min_partition_size, partition_top_up
+        Smallest client, and whether a seeded top-up reaches it when the
+        Dirichlet draws cannot.
     train_subset, test_subset : int
         Keep only this many random train (before partitioning) and test
         images; 0 keeps all.
@@ -87,9 +91,11 @@ class DataSpec:
     num_partitions: int = 10
     seed: int = 1
     dirichlet_alpha: float = 0.5
+    dirichlet_self_balancing: bool = False
     classes_per_client: int = 2
     shards_per_client: int = 2
     min_partition_size: int = 0
+    partition_top_up: bool = False
     train_subset: int = 0
     test_subset: int = 0
     rare_clients: float = 0.0
@@ -98,26 +104,10 @@ class DataSpec:
     label_noise: float = 0.4
 
     def __post_init__(self) -> None:
+        # The run settings check every value (fedweigh.settings); here only what keys the caches.
         object.__setattr__(self, "dataset", validate_dataset_setting(self.dataset))
         if self.partitioner not in PARTITIONERS:
             raise ValueError(f"invalid setting partitioner = {self.partitioner!r}; accepted: {', '.join(PARTITIONERS)}")
-        for name, minimum in (
-            ("num_partitions", 1),
-            ("classes_per_client", 1),
-            ("shards_per_client", 1),
-            ("min_partition_size", 0),
-            ("train_subset", 0),
-            ("test_subset", 0),
-            ("rare_client_cap", 1),
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-        if not self.dirichlet_alpha > 0:
-            raise ValueError(f"dirichlet_alpha must be > 0, got {self.dirichlet_alpha!r}")
-        for name, upper in (("rare_clients", 1.0), ("noisy_clients", 1.0), ("label_noise", 1.0)):
-            if not 0.0 <= getattr(self, name) <= upper:
-                raise ValueError(f"{name} must be in [0, {upper}], got {getattr(self, name)!r}")
 
     @property
     def edits_partitions(self) -> bool:
@@ -201,6 +191,8 @@ def _federation(spec: DataSpec) -> _Federation:
         shards_per_client=spec.shards_per_client,
         min_partition_size=spec.min_partition_size,
         label_column=info.label_column,
+        self_balancing=spec.dirichlet_self_balancing,
+        top_up=spec.partition_top_up,
     )
     subsets = SubsetSplits(spec.train_subset, spec.test_subset, spec.seed)
     if source.kind == "digits":

@@ -8,7 +8,11 @@ Four kinds, each a Flower Datasets partitioner:
 ``"dirichlet"``
     :class:`~flwr_datasets.partitioner.DirichletPartitioner`: each class is
     divided among the clients in proportions drawn from Dirichlet(alpha);
-    the smaller ``dirichlet_alpha``, the stronger the label skew.
+    the smaller ``dirichlet_alpha``, the stronger the label skew. With
+    ``self_balancing`` a client stops receiving samples once it holds more
+    than N/K (as NIID-Bench's and FLood's code do). ``min_partition_size`` is
+    reached by drawing again (up to 10 times); with ``top_up``, when that
+    fails, by a seeded top-up of one draw (:mod:`fedweigh.data.top_up`).
 ``"pathological"``
     :class:`~flwr_datasets.partitioner.PathologicalPartitioner`: each client
     holds exactly ``classes_per_client`` classes. Class ``i mod K`` goes to
@@ -52,6 +56,8 @@ def build_partitioner(
     shards_per_client: int,
     min_partition_size: int,
     label_column: str = "label",
+    self_balancing: bool = False,
+    top_up: bool = False,
 ) -> Partitioner:
     """A fresh partitioner of the given kind, not yet bound to a dataset.
 
@@ -74,6 +80,11 @@ def build_partitioner(
         is repeated, up to 10 times, until every client has this many samples.
     label_column : str
         Column holding the labels that non-IID partitioners divide by.
+    self_balancing : bool
+        ``"dirichlet"`` only: a client full beyond N/K gets no more samples.
+    top_up : bool
+        ``"dirichlet"`` only: reach ``min_partition_size`` by a seeded top-up
+        when the repeated draws cannot (:class:`~fedweigh.data.top_up.MinimumSizeTopUp`).
 
     Raises
     ------
@@ -103,18 +114,28 @@ def build_partitioner(
         ShardPartitioner,
     )
 
+    from fedweigh.data.top_up import MinimumSizeTopUp
+
     if kind == "iid":
         return IidPartitioner(num_partitions=num_partitions)
     if kind == "dirichlet":
-        return DirichletPartitioner(
-            num_partitions=num_partitions,
-            partition_by=label_column,
-            alpha=dirichlet_alpha,
-            min_partition_size=min_partition_size,
-            self_balancing=False,
-            shuffle=True,
-            seed=seed,
-        )
+
+        def dirichlet(minimum: int) -> Partitioner:
+            return DirichletPartitioner(
+                num_partitions=num_partitions,
+                partition_by=label_column,
+                alpha=dirichlet_alpha,
+                min_partition_size=minimum,
+                self_balancing=self_balancing,
+                shuffle=True,
+                seed=seed,
+            )
+
+        if top_up and min_partition_size > 0:
+            return MinimumSizeTopUp(
+                dirichlet(min_partition_size), dirichlet(0), num_partitions, min_partition_size, seed
+            )
+        return dirichlet(min_partition_size)
     if kind == "pathological":
         return PathologicalPartitioner(
             num_partitions=num_partitions,

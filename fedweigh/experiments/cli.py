@@ -13,6 +13,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from fedweigh.launch.runconfig import SimulationError, load_app_config, parse_run_config
+from fedweigh.launch.superlink import DEFAULT_PORT
+
 __all__ = ["add_experiment_parser", "default_app_dir", "default_output_dir", "parse_seeds", "run_command"]
 
 OUTPUT_ROOT = Path("outputs") / "experiments"
@@ -79,8 +82,6 @@ def parse_setting(text: str) -> tuple[str, Any]:
     >>> parse_setting("fraction-train=0.2"), parse_setting("strategy=fedavg")
     (('fraction-train', 0.2), ('strategy', 'fedavg'))
     """
-    from fedweigh.launch import parse_run_config
-
     key, sep, value = text.partition("=")
     if not sep or not key.strip() or not value.strip():
         raise argparse.ArgumentTypeError(f"--set = {text!r}: accepted: KEY=VALUE, e.g. fraction-train=0.2")
@@ -95,8 +96,6 @@ def parse_setting(text: str) -> tuple[str, Any]:
 
 def add_experiment_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add ``experiment run`` and ``experiment report`` to the ``fedweigh`` command."""
-    from fedweigh.launch import DEFAULT_PORT
-
     parser = subparsers.add_parser(
         "experiment",
         help="run a named comparison (arms x seeds) and get its table and plots",
@@ -136,7 +135,6 @@ def run_command(args: argparse.Namespace) -> int:
     from fedweigh.experiments.report import SamplingMismatchError, write_report
     from fedweigh.experiments.runner import data_problems, format_duration, plan_experiment, run_experiment
     from fedweigh.experiments.spec import ExperimentError, load_experiment
-    from fedweigh.launch import SimulationError, load_app_config
 
     app = (args.app or default_app_dir()).expanduser().resolve()
     try:

@@ -258,8 +258,8 @@ def inspect_run(run: PlannedRun, expected_settings: Mapping[str, Any] | None = N
 
 def run_settings(run: PlannedRun, app_defaults: Mapping[str, Any], cwd: Path) -> Settings:
     """The settings ``run`` trains with (paths resolved as ``flwr run`` gets them)."""
-    from fedweigh.launch import prepare_run_config
-    from fedweigh.settings import parse_settings
+    from fedweigh.launch.runconfig import prepare_run_config
+    from fedweigh.preflight import parse_settings
 
     return parse_settings({**app_defaults, **prepare_run_config(run.run_config, app_defaults, cwd)})
 

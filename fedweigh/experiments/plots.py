@@ -27,7 +27,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from fedweigh.experiments.report import RunResult
+from fedweigh.experiments.runs import RunResult
 from fedweigh.experiments.spec import Experiment
 
 __all__ = [
@@ -275,10 +275,12 @@ def _required_signals(arm_config: Mapping[str, Any]) -> list[str]:
     level = flower.level
     flower.setLevel(logging.ERROR)  # building a strategy logs Flower's warnings about its settings
     try:
-        from fedweigh.settings import parse_settings
-        from fedweigh.strategies import build_strategy
+        from fedweigh.methods import plan_run
+        from fedweigh.preflight import parse_settings
+        from fedweigh.rules.registry import RULES
 
-        return list(build_strategy(parse_settings(arm_config)).required_signals)
+        settings = parse_settings(arm_config)
+        return list(RULES[plan_run(settings).rule].build(settings).signals)
     except Exception:  # plotting must not fail on a strategy that cannot be rebuilt here
         return []
     finally:

@@ -205,7 +205,7 @@ def data_problems(
     runs, possibly hours in.
     """
     from fedweigh.components import data_spec
-    from fedweigh.server_app import check_partitions
+    from fedweigh.preflight import data_problems as split_problems
 
     cwd = Path.cwd() if cwd is None else Path(cwd)
     verdicts: dict[Any, str | None] = {}
@@ -214,11 +214,8 @@ def data_problems(
         settings = run_settings(plan.run, app_defaults, cwd)
         split = data_spec(settings, num_partitions)
         if split not in verdicts:
-            try:
-                check_partitions(settings, num_partitions)
-                verdicts[split] = None
-            except ValueError as err:
-                verdicts[split] = str(err)
+            found = split_problems(settings, num_partitions)
+            verdicts[split] = "; ".join(found) if found else None
         if verdicts[split] is not None:
             problems.append(f"{plan.run.name}: {verdicts[split]}")
     return problems
@@ -252,7 +249,8 @@ def run_experiment(
         An already started simulation to submit to (tests share one);
         otherwise one is started on ``port`` for the grid and stopped after.
     """
-    from fedweigh.launch import DEFAULT_CONNECTION, LocalSimulation
+    from fedweigh.launch.connection import DEFAULT_CONNECTION
+    from fedweigh.launch.simulation import LocalSimulation
 
     out = out or sys.stderr
     output_dir = Path(output_dir)

@@ -28,7 +28,7 @@ An experiment file is TOML::
 :func:`load_experiment` checks all of it before anything runs: unknown keys
 at any level, unknown strategies, run-config keys the app does not define,
 keys the runner sets itself, and every arm's merged run config through
-:func:`fedweigh.settings.parse_settings`. One :class:`ExperimentError` lists
+:func:`fedweigh.preflight.check_run`. One :class:`ExperimentError` lists
 every problem, each naming the arm and the setting.
 
 Example
@@ -284,8 +284,9 @@ def _config_problems(
     spec: ExperimentSpec, app_defaults: Mapping[str, Any], rounds: int | None
 ) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """Check the run-config part of every arm; return the problems and the merged configs."""
-    from fedweigh.settings import SettingsError, parse_settings
-    from fedweigh.strategies import strategy_names
+    from fedweigh.methods import METHODS
+    from fedweigh.preflight import check_run
+    from fedweigh.settings import SettingsError
 
     problems: list[str] = []
     base = flatten_tables(spec.base)
@@ -295,7 +296,7 @@ def _config_problems(
         elif key not in app_defaults:
             problems.append(f"base: unknown run-config key {key!r}")
     configs: dict[str, dict[str, Any]] = {}
-    known_strategies = strategy_names()
+    known_strategies = sorted(METHODS)
     for arm in spec.arms:
         label = f"arm {arm.name!r}"
         if arm.strategy not in known_strategies:
@@ -318,10 +319,9 @@ def _config_problems(
         if bad:
             continue
         try:
-            parse_settings({**app_defaults, **merged, "seed": spec.experiment.seeds[0]})
+            check_run({**app_defaults, **merged, "seed": spec.experiment.seeds[0]})
         except SettingsError as err:
-            for line in str(err).splitlines()[1:]:
-                problems.append(f"{label}: {line.strip().removeprefix('- ')}")
+            problems.extend(f"{label}: {problem}" for problem in err.problems)
         except ValueError as err:
             problems.append(f"{label}: {err}")
     return problems, configs

@@ -72,12 +72,12 @@ def _build_resnet8(num_classes: int, in_channels: int, image_size: int, *, width
     return resnet8(num_classes=num_classes, in_channels=in_channels, width=width)
 
 
-def _build_resnet18(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
+def _build_resnet18(num_classes: int, in_channels: int, image_size: int, *, width: int = 64) -> nn.Module:
     """Registry adapter for :func:`~fedweigh.models.resnet.resnet18`; ``image_size`` is not needed."""
     from fedweigh.models.resnet import resnet18
 
     del image_size  # global average pooling accepts any size
-    return resnet18(num_classes=num_classes, in_channels=in_channels)
+    return resnet18(num_classes=num_classes, in_channels=in_channels, width=width)
 
 
 #: Registry name -> builder called as
@@ -147,8 +147,8 @@ def build_model(name: str, num_classes: int, in_channels: int, image_size: int, 
         fixed-size flatten use it to size their first linear layer; ResNets
         ignore it.
     **options
-        Model-specific options: ``width`` for ``"resnet8"``, ``hidden`` for
-        ``"mlp"``; see :func:`model_options`.
+        Model-specific options: ``width`` for the CNN and ResNet families,
+        ``hidden`` and ``dropout`` for ``"mlp"``; see :func:`model_options`.
 
     Returns
     -------

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fedweigh.models import options
+
 
 def _pooled_size(image_size: int, num_halvings: int, model: str) -> int:
     """Spatial side length after ``num_halvings`` 2x2 max-pools.
@@ -65,6 +67,9 @@ class FedOUICNN(nn.Module):
         Channels of the input image.
     image_size : int, default 32
         Side length of the square input image; must be at least 4.
+    width : int, default 32
+        Channels of ``conv1`` (``conv2`` has twice as many; keyword only, the
+        option ``model-width``).
 
     Attributes
     ----------
@@ -88,17 +93,18 @@ class FedOUICNN(nn.Module):
     probe_layer: str = "fc1"
     classifier_layer: str = "fc2"
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> None:
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, image_size: int = 32, *, width: int = 32) -> None:
         super().__init__()
         side = _pooled_size(image_size, 2, "fedoui-cnn")
-        self.conv1 = nn.Conv2d(in_channels, 32, kernel_size=3, padding=1)
+        channels = options.width("fedoui-cnn", width)
+        self.conv1 = nn.Conv2d(in_channels, channels, kernel_size=3, padding=1)
         self.relu1 = nn.ReLU()
         self.pool1 = nn.MaxPool2d(2)
-        self.conv2 = nn.Conv2d(32, 64, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv2d(channels, 2 * channels, kernel_size=3, padding=1)
         self.relu2 = nn.ReLU()
         self.pool2 = nn.MaxPool2d(2)
         self.flatten = nn.Flatten(start_dim=1)
-        self.fc1 = nn.Linear(64 * side * side, 128)
+        self.fc1 = nn.Linear(2 * channels * side * side, 128)
         self.relu3 = nn.ReLU()
         self.fc2 = nn.Linear(128, num_classes)
 
@@ -126,6 +132,9 @@ class FashionCNN(nn.Module):
         Channels of the input image.
     image_size : int, default 28
         Side length of the square input image; must be at least 8.
+    width : int, default 32
+        Channels of the first stage (then twice and four times as many;
+        keyword only, the option ``model-width``).
 
     Attributes
     ----------
@@ -150,22 +159,23 @@ class FashionCNN(nn.Module):
     probe_layer: str = "fc1"
     classifier_layer: str = "fc2"
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28) -> None:
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28, *, width: int = 32) -> None:
         super().__init__()
         side = _pooled_size(image_size, 3, "fashion-cnn")
+        base = options.width("fashion-cnn", width)
         layers: list[nn.Module] = []
         channels = in_channels
-        for width in (32, 64, 128):
+        for stage in (base, 2 * base, 4 * base):
             layers += [
-                nn.Conv2d(channels, width, kernel_size=3, padding=1),
-                nn.BatchNorm2d(width),
+                nn.Conv2d(channels, stage, kernel_size=3, padding=1),
+                nn.BatchNorm2d(stage),
                 nn.ReLU(),
                 nn.MaxPool2d(2),
             ]
-            channels = width
+            channels = stage
         self.features = nn.Sequential(*layers)
         self.flatten = nn.Flatten(start_dim=1)
-        self.fc1 = nn.Linear(128 * side * side, 512)
+        self.fc1 = nn.Linear(channels * side * side, 512)
         self.relu = nn.ReLU()
         self.dropout = nn.Dropout(0.3)
         self.fc2 = nn.Linear(512, num_classes)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fedweigh.models import options
+
 
 class LeNet5BN(nn.Module):
     """LeNet-5 variant with BatchNorm and dropout (FedNolowe, MNIST).
@@ -23,6 +25,9 @@ class LeNet5BN(nn.Module):
         Channels of the input image.
     image_size : int, default 28
         Side length of the square input image; must be at least 16.
+    width : int, default 32
+        Channels of ``conv1`` (``conv2`` has twice as many; keyword only, the
+        option ``model-width``).
 
     Attributes
     ----------
@@ -51,21 +56,22 @@ class LeNet5BN(nn.Module):
     probe_layer: str = "fc2"
     classifier_layer: str = "fc3"
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28) -> None:
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28, *, width: int = 32) -> None:
         super().__init__()
         side = ((image_size - 4) // 2 - 4) // 2
         if image_size < 16 or side < 1:
             raise ValueError(f"lenet5 needs image_size >= 16, got {image_size}")
-        self.conv1 = nn.Conv2d(in_channels, 32, kernel_size=5)
-        self.bn1 = nn.BatchNorm2d(32)
+        channels = options.width("lenet5", width)
+        self.conv1 = nn.Conv2d(in_channels, channels, kernel_size=5)
+        self.bn1 = nn.BatchNorm2d(channels)
         self.relu1 = nn.ReLU()
         self.pool1 = nn.MaxPool2d(2)
-        self.conv2 = nn.Conv2d(32, 64, kernel_size=5)
-        self.bn2 = nn.BatchNorm2d(64)
+        self.conv2 = nn.Conv2d(channels, 2 * channels, kernel_size=5)
+        self.bn2 = nn.BatchNorm2d(2 * channels)
         self.relu2 = nn.ReLU()
         self.pool2 = nn.MaxPool2d(2)
         self.flatten = nn.Flatten(start_dim=1)
-        self.fc1 = nn.Linear(64 * side * side, 256)
+        self.fc1 = nn.Linear(2 * channels * side * side, 256)
         self.relu3 = nn.ReLU()
         self.dropout = nn.Dropout(0.5)
         self.fc2 = nn.Linear(256, 128)

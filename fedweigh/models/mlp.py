@@ -1,16 +1,20 @@
-"""One-hidden-layer perceptron for scikit-learn's 8x8 digits."""
+"""Multilayer perceptron: the digits model, and UFL's Target-B MLP."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from fedweigh.models import options
+
 
 class DigitsMLP(nn.Module):
-    """Flatten -> ``fc1`` (hidden) -> ReLU -> ``fc2`` (logits).
+    """Flatten -> (``fc<i>`` -> ReLU [-> Dropout]) per hidden layer -> last ``fc`` (logits).
 
-    Sized for scikit-learn's ``load_digits`` (1x8x8 images, 64 inputs), the
-    project's fast CPU smoke-test dataset, but any square image works.
+    Sized by default for scikit-learn's ``load_digits`` (1x8x8 images, 64
+    inputs, one hidden layer of 64), the project's fast CPU dataset, but any
+    square image works. UFL's Target-B MLP is ``hidden=(128, 128),
+    dropout=0.2`` (64-128-128-10 with Dropout(0.2) after each hidden layer).
 
     Parameters
     ----------
@@ -20,32 +24,33 @@ class DigitsMLP(nn.Module):
         Channels of the input image.
     image_size : int, default 8
         Side length of the square input image.
-    hidden : int, default 64
-        Width of the hidden layer (keyword only; the registry option
-        ``hidden``).
+    hidden : int or sequence of int, default 64
+        Width of each hidden layer (keyword only; the option ``model-hidden``).
+    dropout : float, default 0.0
+        ``nn.Dropout`` after each hidden ReLU when positive (keyword only; the
+        option ``model-dropout``).
 
     Attributes
     ----------
     probe_layer : str
-        ``"fc1"``, the hidden linear layer; its output is taken before the
-        ReLU.
+        The last hidden linear layer (``fc1`` with one hidden layer); its
+        output is taken before the ReLU.
     classifier_layer : str
-        ``"fc2"``, the final ``nn.Linear``.
+        The final ``nn.Linear`` (``fc2`` with one hidden layer).
 
     Raises
     ------
     ValueError
-        If ``hidden`` is not a positive integer.
+        If ``hidden`` or ``dropout`` is not accepted.
 
     Examples
     --------
     >>> model = DigitsMLP(hidden=32)
     >>> model(torch.zeros(2, 1, 8, 8)).shape
     torch.Size([2, 10])
+    >>> [name for name, _ in DigitsMLP(hidden=(128, 128), dropout=0.2).named_children()]
+    ['flatten', 'fc1', 'relu1', 'dropout1', 'fc2', 'relu2', 'dropout2', 'fc3']
     """
-
-    probe_layer: str = "fc1"
-    classifier_layer: str = "fc2"
 
     def __init__(
         self,
@@ -53,16 +58,26 @@ class DigitsMLP(nn.Module):
         in_channels: int = 1,
         image_size: int = 8,
         *,
-        hidden: int = 64,
+        hidden: int | tuple[int, ...] = 64,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
-            raise ValueError(f"mlp option 'hidden' must be a positive int, got {hidden!r}")
+        sizes = options.hidden_sizes("mlp", hidden)
+        p = options.dropout("mlp", dropout)
         self.flatten = nn.Flatten(start_dim=1)
-        self.fc1 = nn.Linear(in_channels * image_size * image_size, hidden)
-        self.relu = nn.ReLU()
-        self.fc2 = nn.Linear(hidden, num_classes)
+        inputs = in_channels * image_size * image_size
+        for index, size in enumerate(sizes, start=1):
+            self.add_module(f"fc{index}", nn.Linear(inputs, size))
+            self.add_module(f"relu{index}", nn.ReLU())
+            if p > 0:
+                self.add_module(f"dropout{index}", nn.Dropout(p))
+            inputs = size
+        self.add_module(f"fc{len(sizes) + 1}", nn.Linear(inputs, num_classes))
+        self.probe_layer = f"fc{len(sizes)}"
+        self.classifier_layer = f"fc{len(sizes) + 1}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Map a batch ``[B, C, H, W]`` (or ``[B, C*H*W]``) to logits."""
-        return self.fc2(self.relu(self.fc1(self.flatten(x))))
+        for layer in self.children():
+            x = layer(x)
+        return x

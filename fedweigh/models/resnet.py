@@ -1,4 +1,4 @@
-"""CIFAR-style residual networks: FLood's ResNet-8 and a 32x32 ResNet-18.
+"""CIFAR-style residual networks: FLood's ResNet-8 and a 32x32 ResNet-18, each with a width option.
 
 Probe tap
 ---------
@@ -21,7 +21,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision.models.resnet import BasicBlock, ResNet, conv1x1, conv3x3
+from torchvision.models.resnet import BasicBlock, conv1x1, conv3x3
+
+from fedweigh.models import options
 
 
 class TappedBasicBlock(BasicBlock):
@@ -98,8 +100,7 @@ class ResNet8(nn.Module):
 
     def __init__(self, num_classes: int = 10, in_channels: int = 3, width: int = 128) -> None:
         super().__init__()
-        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-            raise ValueError(f"resnet8 option 'width' must be a positive int, got {width!r}")
+        width = options.width("resnet8", width)
         self.conv1 = conv3x3(in_channels, width)
         self.bn1 = nn.BatchNorm2d(width)
         self.relu = nn.ReLU()
@@ -144,47 +145,63 @@ def resnet8(num_classes: int = 10, in_channels: int = 3, width: int = 128) -> Re
     return ResNet8(num_classes=num_classes, in_channels=in_channels, width=width)
 
 
-def resnet18(num_classes: int = 10, in_channels: int = 3) -> ResNet:
-    """Build torchvision's ResNet-18 adapted to 32x32 inputs.
+class ResNet18(nn.Module):
+    """torchvision's ResNet-18, adapted to 32x32 inputs, with a width option.
 
-    The network is ``torchvision.models.resnet.ResNet`` with ``[2, 2, 2, 2]``
-    basic blocks, exactly what ``torchvision.models.resnet18(weights=None,
-    num_classes=num_classes)`` builds, except that
-
-    * the blocks are :class:`TappedBasicBlock` (same parameters and keys,
-      plus a hookable ``preact`` identity);
-    * ``conv1`` is a 3x3, stride-1, padding-1 convolution without bias from
-      ``in_channels`` channels, initialised like torchvision's other
-      convolutions (Kaiming normal, ``fan_out``);
-    * ``maxpool`` is ``nn.Identity``.
-
-    A 32x32 input therefore reaches ``layer4`` at 4x4. The ``state_dict``
-    keys equal torchvision's.
+    ``conv1`` (3x3, stride 1, pad 1, no bias, ``width`` ch) -> ``bn1`` ->
+    ReLU -> ``maxpool`` (``nn.Identity``) -> ``layer1`` .. ``layer4`` (two
+    :class:`TappedBasicBlock` each: ``w``, ``2w`` (stride 2), ``4w`` (stride
+    2), ``8w`` (stride 2)) -> ``avgpool`` -> flatten -> ``fc``. With the
+    default ``width = 64`` it is exactly torchvision's ResNet-18 except for
+    the stem (3x3, stride 1, no max-pool) and has the same ``state_dict``
+    keys; initialisation as torchvision's (Kaiming normal ``fan_out`` for the
+    convolutions, BatchNorm at 1 and 0).
 
     Parameters
     ----------
     num_classes : int, default 10
-        Number of output logits.
     in_channels : int, default 3
-        Channels of the input image.
+    width : int, default 64
+        Channels of the stem and ``layer1``.
+    """
 
-    Returns
-    -------
-    torchvision.models.ResNet
-        The model, with ``probe_layer = "layer4.1.preact"`` (the last block's
-        residual sum before its final ReLU, ``[B, 512, H/8, W/8]``) and
-        ``classifier_layer = "fc"``.
+    probe_layer: str = "layer4.1.preact"
+    classifier_layer: str = "fc"
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, width: int = 64) -> None:
+        super().__init__()
+        width = options.width("resnet18", width)
+        self.conv1 = nn.Conv2d(in_channels, width, kernel_size=3, stride=1, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.Identity()
+        channels = width
+        for index, (stage, stride) in enumerate(((width, 1), (2 * width, 2), (4 * width, 2), (8 * width, 2)), 1):
+            self.add_module(f"layer{index}", nn.Sequential(_block(channels, stage, stride), _block(stage, stage, 1)))
+            channels = stage
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(channels, num_classes)
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(module, nn.BatchNorm2d):
+                nn.init.constant_(module.weight, 1)
+                nn.init.constant_(module.bias, 0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Map a batch of images ``[B, C, H, W]`` to logits ``[B, num_classes]``."""
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def resnet18(num_classes: int = 10, in_channels: int = 3, width: int = 64) -> ResNet18:
+    """Build the 32x32 ResNet-18 (see :class:`ResNet18`).
 
     Examples
     --------
     >>> model = resnet18(num_classes=10)
-    >>> model.conv1.kernel_size, model.conv1.stride
-    ((3, 3), (1, 1))
+    >>> model.conv1.kernel_size, model.conv1.stride, sum(p.numel() for p in model.parameters())
+    ((3, 3), (1, 1), 11173962)
     """
-    model = ResNet(TappedBasicBlock, [2, 2, 2, 2], num_classes=num_classes)
-    model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
-    nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
-    model.maxpool = nn.Identity()
-    model.probe_layer = "layer4.1.preact"
-    model.classifier_layer = "fc"
-    return model
+    return ResNet18(num_classes=num_classes, in_channels=in_channels, width=width)

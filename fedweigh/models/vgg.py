@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fedweigh.models import options
+
 #: Convolution widths of VGG-9; ``"M"`` is a 2x2 max-pool.
 VGG9_CONFIG: tuple[int | str, ...] = (64, 64, "M", 128, 128, "M", 256, 256, "M")
 
@@ -26,6 +28,9 @@ class VGG9(nn.Module):
         Channels of the input image.
     image_size : int, default 32
         Side length of the square input image; must be at least 8.
+    width : int, default 64
+        Channels of the first convolutions; the others scale with it as in
+        :data:`VGG9_CONFIG` (keyword only, the option ``model-width``).
 
     Attributes
     ----------
@@ -55,8 +60,9 @@ class VGG9(nn.Module):
     probe_layer: str = "fc2"
     classifier_layer: str = "fc3"
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> None:
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, image_size: int = 32, *, width: int = 64) -> None:
         super().__init__()
+        scale = options.width("vgg9", width) / VGG9_CONFIG[0]
         layers: list[nn.Module] = []
         channels = in_channels
         side = image_size
@@ -65,13 +71,13 @@ class VGG9(nn.Module):
                 layers.append(nn.MaxPool2d(2))
                 side //= 2
             else:
-                width = int(item)
+                out = max(1, round(int(item) * scale))
                 layers += [
-                    nn.Conv2d(channels, width, kernel_size=3, padding=1),
-                    nn.BatchNorm2d(width),
+                    nn.Conv2d(channels, out, kernel_size=3, padding=1),
+                    nn.BatchNorm2d(out),
                     nn.ReLU(),
                 ]
-                channels = width
+                channels = out
         if side < 1:
             raise ValueError(f"vgg9 needs image_size >= 8, got {image_size}")
         self.features = nn.Sequential(*layers)

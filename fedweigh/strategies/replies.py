@@ -2,9 +2,14 @@
 
 A reply enters aggregation only if it carries exactly one ArrayRecord whose
 tensors match the global model (names, shapes) and are finite, and one
-MetricRecord with every metric the strategy needs, each passing its check. A
-reply that fails is left out of the round with a logged warning naming the
-node and the reason; it never touches the global model.
+MetricRecord with ``num-examples`` >= 1, a valid ``train_loss`` and every
+signal the rule needs, each passing its check
+(:data:`fedweigh.protocol.SIGNALS`). A reply says which round's global model
+it trained (``model-round``; a reply without it, such as a plain Flower
+client's, is taken as trained on this round's model); one from a later round,
+or older than the strategy accepts, is left out too. A reply that fails is
+left out of the round with a logged warning naming the node and the reason; it
+never touches the global model.
 """
 
 from __future__ import annotations
@@ -17,19 +22,19 @@ import numpy as np
 from flwr.app import Message
 from flwr.common.constant import ErrorCode
 
+from fedweigh.protocol import MODEL_ROUND, NUM_EXAMPLES, PARTITION_ID, SIGNALS, TRAIN_LOSS, SignalCheck
 from fedweigh.strategies.aggregation import all_finite, decode
-from fedweigh.strategies.weighting import SignalCheck, finite_non_negative
 
 logger = logging.getLogger("flwr.fedweigh")  # propagates to Flower's log handlers
-
-NUM_EXAMPLES = "num-examples"
-TRAIN_LOSS = "train_loss"
-PARTITION_ID = "partition-id"
 
 
 @dataclass
 class ClientReply:
-    """One valid training reply, decoded."""
+    """One valid training reply, decoded.
+
+    ``model_round`` is the round whose global model the client trained;
+    it is older than the current round for a stale reply.
+    """
 
     node_id: int
     partition_id: int
@@ -38,6 +43,7 @@ class ClientReply:
     signals: dict[str, float]
     arrays: dict[str, np.ndarray] = field(repr=False)
     reported: dict[str, float] = field(default_factory=dict)  # other scalar metrics, kept for the record
+    model_round: int = 0
 
 
 class InvalidReply(ValueError):
@@ -49,19 +55,44 @@ def _metric(metrics: Mapping, key: str, check: SignalCheck) -> float:
         raise InvalidReply(f"metric '{key}' is missing")
     value = metrics[key]
     if isinstance(value, list | bool):
-        raise InvalidReply(f"metric '{key}' must be one number, got {value!r}")
+        raise InvalidReply(f"metric '{key}' = {value!r} must be one number")
     value = float(value)
     if not check(value):
         raise InvalidReply(f"metric '{key}' = {value!r} fails the {check.__name__} check")
     return value
 
 
+def _model_round(metrics: Mapping, server_round: int, oldest_round: int) -> int:
+    value = metrics.get(MODEL_ROUND, server_round)
+    if isinstance(value, list | bool) or float(value) != int(value):
+        raise InvalidReply(f"metric '{MODEL_ROUND}' = {value!r} must be a round number")
+    model_round = int(value)
+    if model_round > server_round:
+        raise InvalidReply(f"it trained the model of round {model_round}, which round {server_round} never sent")
+    if model_round < oldest_round:
+        raise InvalidReply(
+            f"it trained the model of round {model_round}, {server_round - model_round} round(s) old; "
+            f"accepted: models at most {server_round - oldest_round} round(s) old (setting max-staleness)"
+        )
+    return model_round
+
+
 def check_reply(
     message: Message,
     reference: Mapping[str, np.ndarray],
-    signals: Mapping[str, SignalCheck],
+    signals: Iterable[str],
+    server_round: int = 0,
+    oldest_round: int | None = None,
 ) -> ClientReply:
     """Decode and check one reply against the global model ``reference``.
+
+    Parameters
+    ----------
+    signals : iterable of str
+        The signals the rule needs (checks from :data:`fedweigh.protocol.SIGNALS`).
+    server_round, oldest_round : int
+        The current round, and the oldest round whose model a reply may have
+        trained (default: the current round only).
 
     Raises
     ------
@@ -79,11 +110,12 @@ def check_reply(
             f"and {len(content.metric_records)}"
         )
     metrics = next(iter(content.metric_records.values()))
-    num_examples = _metric(metrics, NUM_EXAMPLES, finite_non_negative)
+    num_examples = _metric(metrics, NUM_EXAMPLES, SIGNALS[TRAIN_LOSS].check)
     if num_examples < 1:
         raise InvalidReply(f"metric '{NUM_EXAMPLES}' = {num_examples} must be >= 1")
-    train_loss = _metric(metrics, TRAIN_LOSS, finite_non_negative)
-    values = {key: _metric(metrics, key, check) for key, check in signals.items()}
+    train_loss = _metric(metrics, TRAIN_LOSS, SIGNALS[TRAIN_LOSS].check)
+    values = {key: _metric(metrics, key, SIGNALS[key].check) for key in signals}
+    model_round = _model_round(metrics, server_round, server_round if oldest_round is None else oldest_round)
 
     arrays = decode(next(iter(content.array_records.values())))
     if list(arrays) != list(reference):
@@ -106,10 +138,11 @@ def check_reply(
             key: float(value)
             for key, value in metrics.items()
             if key not in values
-            and key not in (NUM_EXAMPLES, TRAIN_LOSS, PARTITION_ID)
+            and key not in (NUM_EXAMPLES, TRAIN_LOSS, PARTITION_ID, MODEL_ROUND)
             and isinstance(value, int | float)
             and not isinstance(value, bool)
         },
+        model_round=model_round,
     )
 
 
@@ -128,19 +161,22 @@ def valid_replies(
     server_round: int,
     messages: Iterable[Message],
     reference: Mapping[str, np.ndarray],
-    signals: Mapping[str, SignalCheck],
+    signals: Iterable[str],
     origin: Mapping[str, int] | None = None,
+    oldest_round: int | None = None,
 ) -> tuple[list[ClientReply], dict[int, str]]:
     """Split replies into valid ones and ``{node_id: reason}`` for the rest.
 
     ``origin`` maps the id of each instruction sent this round to its
-    destination node (see :func:`reply_origin`).
+    destination node (see :func:`reply_origin`); ``oldest_round`` is the
+    oldest round whose model a reply may have trained.
     """
+    signals = tuple(signals)
     accepted: list[ClientReply] = []
     rejected: dict[int, str] = {}
     for message in messages:
         try:
-            accepted.append(check_reply(message, reference, signals))
+            accepted.append(check_reply(message, reference, signals, server_round, oldest_round))
         except InvalidReply as reason:
             node = reply_origin(message, origin or {})
             rejected[node] = str(reason)

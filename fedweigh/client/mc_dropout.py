@@ -1,104 +1,44 @@
-"""UFL: uncertainty-driven local training, and its U-Agg aggregation.
+"""Monte Carlo dropout on any model: dropout sites, seeded masks, MC predictive probabilities.
 
-Everything of the UFL paper (``../papers/003_6e90b427ee555b8a.txt``, spec
-``specs/ufl.md``) lives here:
+* a model's own ``nn.Dropout`` modules are used as they are; a model without
+  dropout gets one on the input of its ``classifier_layer`` through a forward
+  pre-hook (:func:`ensure_mc_dropout`), so its ``state_dict`` keys do not
+  change, it is active whenever the model trains, and it does nothing in eval
+  mode (UFL spec §4);
+* :func:`mc_mean_probabilities`: the mean of ``N`` softmax outputs, each pass
+  with fresh masks from :class:`DropoutMasks` (seeded per dropout site), in
+  eval mode (BatchNorm on running statistics), without gradients.
 
-* the **per-sample uncertainty** ``u_i = -log max(p̄_{i,y_i}, eps)`` of the
-  received global model, where ``p̄_i`` is the mean of ``N`` Monte Carlo
-  dropout softmax outputs (spec §2 C2): :func:`mc_mean_probabilities`,
-  :func:`sample_uncertainty`. It is the true-label NLL of the MC predictive
-  mean, which the paper calls "entropy";
-* the **selection** of the top ``m = clip(ceil(r n), 1, n)`` samples by ``u``
-  and their **loss weights** ``λ_i = 1 + α u_i`` (1 for the others; spec C3,
-  C4): :func:`selection_size`, :func:`select_uncertain`, :func:`loss_weights`.
-  The batch loss is ``Σ λ_i CE_i / B`` (paper Eq. 3), or ``Σ λ_i CE_i / Σ λ_i``
-  with ``ufl.normalize`` (a control for the step-size effect of ``λ >= 1``);
-* **MC dropout on any model** (spec §4): a model's own ``nn.Dropout`` modules
-  are used as they are; a model without dropout gets one on the input of its
-  ``classifier_layer`` through a forward pre-hook (:func:`ensure_mc_dropout`),
-  so its ``state_dict`` keys do not change, it is active whenever the model
-  trains, and it does nothing in eval mode;
-* the **client step** ``"ufl"`` (:class:`UFLStep`), which reports
-  ``uncertainty`` (``U_k``, the sum of ``u`` over the selected samples),
-  ``uncertainty-mean`` (``U_k / m_k``) and the long-tail record of ``u``
-  (``u-p50`` ... ``u-p99``, ``u-above-1``);
-* **U-Agg** (spec §3): ``w_k = (1 - U_k / Σ_j U_j) / (K - 1)``, which is
-  :class:`~fedweigh.strategies.weighting.ComplementShareRule` on
-  ``uncertainty``; the size-aware form ``w_k ∝ n_k (1 - Û_k)`` is
-  :class:`SizeAwareComplementShareRule`;
-* the builders registered as ``"ufl"`` (UFL clients + U-Agg) and
-  ``"ufl-fedavg"`` (UFL clients + size-weighted FedAvg, the paper's
-  "UFL (+Average)").
-
-The settings section ``[tool.flwr.app.config.ufl]`` is
-:class:`fedweigh.settings.UFLSettings`; it lives in the settings module because
-it derives from that module's section base class.
-
-Cost of the MC passes
----------------------
+Cost of the passes
+------------------
 Everything before the first dropout is deterministic during the MC passes (the
 model is in eval mode there), so the cheap path (``ufl.cheap-path``, default
 on) computes the input of the first dropout once per sample and runs only the
 rest of the network ``N`` times, batched. The naive path (``N`` full forward
 passes) is kept as the reference; both draw their masks from the same
 per-dropout-site generators in the same order, so with the same seed they give
-the same ``u`` up to float rounding.
-
-Example
--------
->>> import torch
->>> u = torch.tensor([0.1, 0.9, 0.3, 0.8, 0.2, 0.7, 0.0, 0.4, 0.5, 0.6])
->>> selected = select_uncertain(u, ratio=0.3)
->>> sorted(selected.tolist()), round(float(u[selected].sum()), 6)
-([1, 3, 5], 2.4)
->>> [round(w, 4) for w in loss_weights(u, selected, alpha=0.2)[[0, 1, 3, 5]].tolist()]
-[1.0, 1.18, 1.16, 1.14]
+the same probabilities up to float rounding.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedweigh.client.steps import ClientStep, Metrics, StepContext, register_step, with_steps
 from fedweigh.data.loader import batches
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
-from fedweigh.settings import UFLSettings
-from fedweigh.strategies.base import RecipeValue, WeightedFedAvg
-from fedweigh.strategies.weighting import (
-    ComplementShareRule,
-    RoundSignals,
-    RuleOutcome,
-    SampleCountRule,
-    WeightingRule,
-    complement_share_weights,
-    normalized,
-)
-
-if TYPE_CHECKING:
-    from fedweigh.settings import Settings
 
 logger = logging.getLogger("flwr.fedweigh")
 
-UNCERTAINTY = "uncertainty"
-"""Metric key of ``U_k``: the sum of ``u`` over the client's selected samples."""
-UNCERTAINTY_MEAN = "uncertainty-mean"
-"""Metric key of ``U_k / m_k``: the mean ``u`` of the selected samples."""
-PERCENTILES = (50, 90, 95, 99)
-"""Percentiles of ``u`` over all local samples reported as ``u-p50`` ... (spec A20)."""
-EPSILON = 1e-12
-"""Floor of ``p̄_{i,y_i}`` before the log: ``u <= -log(1e-12) ≈ 27.63``."""
 MC_BATCH_SIZE = 64
 """Samples per batch in the MC passes (the cheap path holds ``N`` copies of a batch's features).
 
@@ -114,136 +54,8 @@ so a few samples show whether the chain is right; checking on a whole MC batch
 cost a second forward pass of the network over it (measured: the MC step took
 about as long as a training epoch on 256 samples instead of about a third).
 """
-HEAD_DROPOUT_ATTRIBUTE = "_ufl_head_dropout"
+HEAD_DROPOUT_ATTRIBUTE = "_mc_head_dropout"
 """Attribute of a model holding its inserted :class:`HeadDropout` (and marking it installed)."""
-OPTION_PREFIX = "ufl."
-"""Recipe keys of UFL's options start with this (``ufl.mc-passes`` ...)."""
-
-
-# ---------------------------------------------------------------------------
-# pure math
-# ---------------------------------------------------------------------------
-
-
-def sample_uncertainty(mean_probabilities: torch.Tensor, labels: torch.Tensor, eps: float = EPSILON) -> torch.Tensor:
-    """Per-sample uncertainty ``u_i = -log max(p̄_{i,y_i}, eps)`` (paper Eq. 1).
-
-    Parameters
-    ----------
-    mean_probabilities : torch.Tensor
-        MC-averaged class probabilities ``p̄``, shape ``[n, C]``.
-    labels : torch.Tensor
-        Integer labels, shape ``[n]``.
-    eps : float
-        Floor of the true-class probability.
-
-    Returns
-    -------
-    torch.Tensor
-        ``u``, shape ``[n]``, in ``[0, -log eps]``.
-
-    Examples
-    --------
-    >>> p = torch.tensor([[math.exp(-1.0), 1 - math.exp(-1.0)], [0.0, 1.0]], dtype=torch.float64)
-    >>> sample_uncertainty(p, torch.tensor([0, 0])).tolist()
-    [1.0, 27.631021115928547]
-    """
-    true_class = mean_probabilities.gather(1, labels.view(-1, 1).to(mean_probabilities.device)).squeeze(1)
-    # float64 for the log so that the clamp floor is represented exactly
-    return -torch.log(true_class.double().clamp(min=eps))
-
-
-def selection_size(count: int, ratio: float) -> int:
-    """``m = clip(ceil(ratio * count), 1, count)``; 0 for an empty set (spec C3, A6).
-
-    The product is rounded to 9 decimals before the ceiling so that float noise
-    (``0.3 * 10 = 3.0000000000000004`` in some orders) does not add a sample.
-
-    Examples
-    --------
-    >>> selection_size(10, 0.3), selection_size(11, 0.3), selection_size(2, 0.01), selection_size(5, 1.0)
-    (3, 4, 1, 5)
-    """
-    if not 0.0 < ratio <= 1.0:
-        raise ValueError(f"ufl.ratio = {ratio!r}: the selected fraction must be in (0, 1]")
-    if count <= 0:
-        return 0
-    return min(max(math.ceil(round(ratio * count, 9)), 1), count)
-
-
-def select_uncertain(u: torch.Tensor, ratio: float) -> torch.Tensor:
-    """Indices of the ``selection_size(len(u), ratio)`` largest ``u`` (ties in any order)."""
-    return torch.topk(u, selection_size(len(u), ratio), sorted=True).indices
-
-
-def loss_weights(u: torch.Tensor, selected: torch.Tensor, alpha: float) -> torch.Tensor:
-    """``λ_i = 1 + α u_i`` for the selected samples, 1 for the others (paper Eq. 2), as float32."""
-    if alpha < 0 or not math.isfinite(alpha):
-        raise ValueError(f"ufl.alpha = {alpha!r}: must be a finite number >= 0")
-    weights = torch.ones(len(u), dtype=torch.float32, device=u.device)
-    weights[selected] = (1.0 + alpha * u[selected]).float()
-    return weights
-
-
-def uncertainty_summary(u: torch.Tensor, selected: torch.Tensor, weights: torch.Tensor) -> Metrics:
-    """The client's signals: ``U_k``, ``U_k / m_k``, and the long-tail record of ``u``.
-
-    Returns
-    -------
-    dict
-        ``uncertainty`` (Σ u over the selected), ``uncertainty-mean``,
-        ``selected`` (m_k), ``lambda-mean``, ``u-mean``, ``u-p50`` ...
-        ``u-p99`` and ``u-above-1`` (fraction of samples with ``u > 1``).
-    """
-    total = float(u[selected].sum())
-    values = u.double().cpu()
-    metrics: Metrics = {
-        UNCERTAINTY: total,
-        UNCERTAINTY_MEAN: total / len(selected),
-        "selected": float(len(selected)),
-        "lambda-mean": float(weights.double().mean()),
-        "u-mean": float(values.mean()),
-        "u-above-1": float((values > 1.0).double().mean()),
-    }
-    quantiles = torch.quantile(values, torch.tensor([q / 100 for q in PERCENTILES], dtype=torch.float64))
-    metrics.update({f"u-p{q}": float(v) for q, v in zip(PERCENTILES, quantiles, strict=True)})
-    return metrics
-
-
-def size_aware_complement_share_weights(values: np.ndarray, num_examples: np.ndarray) -> np.ndarray:
-    """``w_k ∝ n_k (1 - v_k / Σ_j v_j)``: U-Agg keeping FedAvg's size factor (spec §3, A13).
-
-    The same edge cases as :func:`complement_share_weights` (one client: 1; all
-    values 0: the complement shares are uniform, so the weights are FedAvg's).
-
-    Examples
-    --------
-    >>> size_aware_complement_share_weights(np.array([1.0, 1.0, 2.0]), np.array([10, 20, 10])).round(4)
-    array([0.2727, 0.5455, 0.1818])
-    """
-    return normalized(np.asarray(num_examples, dtype=np.float64) * complement_share_weights(values))
-
-
-# ---------------------------------------------------------------------------
-# weighting rule
-# ---------------------------------------------------------------------------
-
-
-class SizeAwareComplementShareRule(ComplementShareRule):
-    """:func:`size_aware_complement_share_weights` on one signal (U-Agg with ``size-aware = true``)."""
-
-    name = "complement-share-size-aware"
-
-    def __call__(self, round_signals: RoundSignals) -> RuleOutcome:
-        return RuleOutcome(
-            size_aware_complement_share_weights(round_signals.values[self.signal], round_signals.num_examples)
-        )
-
-
-def u_agg_rule(options: UFLSettings) -> WeightingRule:
-    """U-Agg as the settings ask: on ``U_k`` (sum) or ``U_k / m_k`` (mean), with or without ``n_k``."""
-    signal = UNCERTAINTY if options.aggregation_signal == "sum" else UNCERTAINTY_MEAN
-    return SizeAwareComplementShareRule(signal) if options.size_aware else ComplementShareRule(signal)
 
 
 # ---------------------------------------------------------------------------
@@ -593,109 +405,3 @@ def mc_mean_probabilities(
                     probabilities = F.softmax(logits, dim=1).view(passes, h.shape[0], -1)
             chunks.append(probabilities.mean(dim=0))
     return torch.cat(chunks)
-
-
-# ---------------------------------------------------------------------------
-# client step
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class UncertaintyWeighting:
-    """UFL's per-sample loss weights for training: ``λ`` looked up by local index.
-
-    Attributes
-    ----------
-    weights : torch.Tensor
-        ``λ`` for every local sample, shape ``[n]``.
-    normalize : bool
-        Divide the batch loss by ``Σ λ`` instead of the batch size.
-    """
-
-    weights: torch.Tensor
-    normalize: bool = False
-
-    def __call__(self, logits: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-        return self.weights.to(logits.device)[indices.to(self.weights.device)].to(logits.device)
-
-
-def ufl_options(options: Mapping[str, Any]) -> UFLSettings:
-    """UFL's settings from a recipe's ``ufl.*`` entries (missing ones take their defaults)."""
-    entries = {key[len(OPTION_PREFIX) :]: value for key, value in options.items() if key.startswith(OPTION_PREFIX)}
-    return UFLSettings.model_validate(entries)
-
-
-@register_step("ufl")
-class UFLStep(ClientStep):
-    """UFL's client side, before local training (spec §2 C2-C6).
-
-    On the received global model and every local training sample: ``N`` MC
-    dropout passes, ``u``, the top-``r`` selection, ``λ``. Returns an
-    :class:`UncertaintyWeighting` and the signals of
-    :func:`uncertainty_summary` (plus ``mc-seconds``). Recipe options:
-    ``ufl.mc-passes``, ``ufl.ratio``, ``ufl.alpha``, ``ufl.dropout``,
-    ``ufl.normalize``, ``ufl.cheap-path`` (see :class:`fedweigh.settings.UFLSettings`).
-    """
-
-    @classmethod
-    def recipe(cls, settings: Settings) -> dict[str, RecipeValue]:
-        return ufl_recipe(settings.ufl)
-
-    def before_training(self, context: StepContext) -> tuple[UncertaintyWeighting | None, Metrics]:
-        options = ufl_options(context.options)
-        if len(context.data) == 0:
-            raise ValueError(f"ufl: partition {context.partition_id} has no training samples")
-        started = time.perf_counter()
-        ensure_mc_dropout(context.model, options.dropout)
-        probabilities = mc_mean_probabilities(
-            context.model,
-            context.data,
-            context.transform,
-            context.device,
-            options.mc_passes,
-            context.seed,
-            cheap=options.cheap_path,
-        )
-        u = sample_uncertainty(probabilities, context.data.labels)
-        selected = select_uncertain(u, options.ratio)
-        weights = loss_weights(u, selected, options.alpha)
-        metrics = uncertainty_summary(u, selected, weights)
-        metrics["mc-seconds"] = time.perf_counter() - started
-        return UncertaintyWeighting(weights.to(context.device), normalize=options.normalize), metrics
-
-
-@register_step("ufl-dropout")
-class UFLDropoutStep(ClientStep):
-    """Only the dropout UFL inserts (``ufl.dropout``), no weighting, no signal.
-
-    For baselines that should train the same architecture as UFL (spec §4
-    item 7): list ``"ufl-dropout"`` in their ``client-steps``.
-    """
-
-    @classmethod
-    def recipe(cls, settings: Settings) -> dict[str, RecipeValue]:
-        return ufl_recipe(settings.ufl)
-
-    def before_training(self, context: StepContext) -> tuple[None, Metrics]:
-        ensure_mc_dropout(context.model, ufl_options(context.options).dropout)
-        return None, {}
-
-
-# ---------------------------------------------------------------------------
-# builders
-# ---------------------------------------------------------------------------
-
-
-def ufl_recipe(options: UFLSettings) -> dict[str, RecipeValue]:
-    """The ``ufl.*`` recipe entries, every option by its dashed name."""
-    return {f"{OPTION_PREFIX}{key}": value for key, value in options.model_dump(by_alias=True).items()}
-
-
-def build_ufl(settings: Settings, recipe: dict[str, RecipeValue], common: dict) -> WeightedFedAvg:
-    """``strategy = "ufl"``: UFL clients and U-Agg (the paper's "UFL (+U-Agg)")."""
-    return WeightedFedAvg(u_agg_rule(settings.ufl), with_steps(recipe, settings, ["ufl"]), **common)
-
-
-def build_ufl_fedavg(settings: Settings, recipe: dict[str, RecipeValue], common: dict) -> WeightedFedAvg:
-    """``strategy = "ufl-fedavg"``: UFL clients and size-weighted FedAvg (the paper's "UFL (+Average)")."""
-    return WeightedFedAvg(SampleCountRule(), with_steps(recipe, settings, ["ufl"]), **common)

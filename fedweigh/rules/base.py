@@ -1,33 +1,42 @@
 """Weighting rules: from one round's client signals to aggregation weights.
 
-A *weighting rule* reads what the sampled clients reported this round (their
-sample counts and the *signals* the rule asks for, such as ``train_loss`` or
-``oui``) and returns one weight per client. Weights are finite, non-negative,
-sum to 1, and follow the clients if they are permuted.
+A *weighting rule* reads what the round's valid replies carry (sample counts
+and the *signals* the rule asks for, such as ``train_loss`` or ``oui``) and
+returns one weight per client. Weights are finite, non-negative, sum to 1,
+and follow the clients if they are permuted.
 
 The math lives in small pure functions (``*_weights``) that the tests check
-against the specs' vectors; the rule classes wrap them with the name of the
-signal they read, a validity check for that signal, and what to record.
+against the specs' vectors; a rule class wraps one with the names of the
+signals it reads (:data:`fedweigh.protocol.SIGNALS` says which client step
+produces each and which values are valid) and what to record.
+
+Two shapes cover every rule of the five papers:
+
+* :func:`complement_share_weights`: weights fall as a client's share of the
+  round's total grows (FedNolowe on losses, U-Agg on uncertainties);
+* :func:`score_weights`: ``w ∝ n^rho (max(score, 0) + eps)^gamma`` (FedOUI on
+  typicality scores, FedAlign on update cosines).
 
 Example
 -------
 >>> import numpy as np
 >>> complement_share_weights(np.array([0.1, 0.2, 0.3, 0.4, 0.5])).round(4)
 array([0.2333, 0.2167, 0.2   , 0.1833, 0.1667])
->>> by_sample_count = SampleCountRule()
->>> by_sample_count(RoundSignals(np.array([10.0, 30.0]), {})).weights
+>>> SampleCountRule()(RoundSignals(np.array([10.0, 30.0]), {})).weights
 array([0.25, 0.75])
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
 Diagnostics = dict[str, Any]
+NamedArrays = Mapping[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -66,15 +75,19 @@ class RuleOutcome:
 # ---------------------------------------------------------------------------
 
 
-def normalized(raw: np.ndarray) -> np.ndarray:
-    """Scale non-negative ``raw`` to sum to 1; all zeros give uniform weights."""
+def normalized(raw: np.ndarray, uniform_at_or_below: float = 0.0) -> np.ndarray:
+    """Scale non-negative ``raw`` to sum to 1; a sum at or below the threshold gives uniform weights.
+
+    >>> normalized(np.array([1.0, 3.0])).tolist(), normalized(np.zeros(2)).tolist()
+    ([0.25, 0.75], [0.5, 0.5])
+    """
     raw = np.asarray(raw, dtype=np.float64)
     if raw.ndim != 1 or len(raw) == 0:
         raise ValueError(f"weights need a non-empty 1-D array, got shape {raw.shape}")
     if np.any(raw < 0) or not np.all(np.isfinite(raw)):
         raise ValueError(f"raw weights must be finite and >= 0, got {raw.tolist()}")
     total = raw.sum()
-    if total <= 0:
+    if not total > uniform_at_or_below:
         return np.full(len(raw), 1.0 / len(raw))
     return raw / total
 
@@ -128,38 +141,92 @@ def complement_share_weights(values: np.ndarray) -> np.ndarray:
     return complement / complement.sum()
 
 
+SCORE_UNIFORM_AT_OR_BELOW = 1e-12
+"""Raw score weights summing to at most this give uniform weights (FedOUI spec §4 step 4)."""
+
+
+def size_factors(num_examples: np.ndarray, rho: float) -> np.ndarray:
+    """``max(n_k, 1)^rho``, divided by the largest (same weights once normalised, no overflow)."""
+    sizes = np.maximum(np.asarray(num_examples, dtype=np.float64), 1.0)
+    return (sizes / sizes.max()) ** rho
+
+
+def score_weights(
+    scores: np.ndarray, num_examples: np.ndarray, *, epsilon: float, exponent: float, rho: float
+) -> np.ndarray:
+    """``w_k ∝ max(n_k, 1)^rho (max(s_k, 0) + epsilon)^exponent``, normalised.
+
+    FedOUI weighs by typicality scores in ``[0, 1]`` (spec §4), FedAlign by
+    update cosines in ``[-1, 1]`` (FedOUI spec §7); negative scores count as
+    0. Raw weights summing to at most 1e-12 give uniform weights.
+
+    Parameters
+    ----------
+    scores : np.ndarray
+        Finite score per client, shape (K,).
+    num_examples : np.ndarray
+        Finite sample count per client, >= 0, shape (K,).
+    epsilon : float
+        Finite, >= 0; keeps a zero score from zeroing a client.
+    exponent, rho : float
+        Finite, >= 0: the score's and the size's exponent.
+
+    Examples
+    --------
+    >>> score_weights(np.array([1.0, -0.5]), np.array([10, 10]), epsilon=1e-3, exponent=1.0, rho=1.0).round(4)
+    array([0.999, 0.001])
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    num_examples = np.asarray(num_examples, dtype=np.float64)
+    if scores.ndim != 1 or scores.size == 0 or num_examples.shape != scores.shape:
+        raise ValueError(f"need matching non-empty 1-D arrays, got {scores.shape} and {num_examples.shape}")
+    if not np.all(np.isfinite(scores)):
+        raise ValueError(f"scores = {scores.tolist()} are invalid: accepted values are finite")
+    if not np.all(np.isfinite(num_examples)) or np.any(num_examples < 0):
+        raise ValueError(f"num_examples = {num_examples.tolist()} is invalid: counts must be finite and >= 0")
+    check_exponents(epsilon=epsilon, exponent=exponent, rho=rho)
+    with np.errstate(over="ignore"):
+        raw = size_factors(num_examples, rho) * (np.maximum(scores, 0.0) + epsilon) ** exponent
+    if not np.all(np.isfinite(raw)):  # an exponent so large that a power overflows: no client stands out
+        return uniform_weights(len(raw))
+    return normalized(raw, SCORE_UNIFORM_AT_OR_BELOW)
+
+
+def check_exponents(**values: float) -> None:
+    """Every value finite and >= 0; the error names the first that is not."""
+    for name, value in values.items():
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} = {value!r} is invalid: accepted values are finite and >= 0")
+
+
 # ---------------------------------------------------------------------------
 # rules
 # ---------------------------------------------------------------------------
-
-SignalCheck = Callable[[float], bool]
-
-
-def finite_non_negative(value: float) -> bool:
-    """Signal check: a finite value >= 0 (losses, uncertainties)."""
-    return bool(np.isfinite(value) and value >= 0)
-
-
-def in_unit_interval(value: float) -> bool:
-    """Signal check: a finite value in [0, 1] (OUI)."""
-    return bool(np.isfinite(value) and 0.0 <= value <= 1.0)
 
 
 class WeightingRule:
     """Base of every rule.
 
-    Subclasses set ``signals`` (metric keys each reply must carry, mapped to a
-    check that a value must pass; a reply failing a check is left out of the
-    round) and implement :meth:`__call__`. Rules that keep state across rounds
-    override :meth:`state` and :meth:`load_state` so that a resumed run
-    continues exactly.
+    Subclasses set ``signals`` (the client signals each reply must carry;
+    a reply without a valid one is left out of the round) and implement
+    :meth:`__call__`. A rule that computes signals of its own from the
+    replies' models (FedAlign's update cosines) overrides
+    :meth:`derive_signals`. Rules that keep state across rounds override
+    :meth:`state` and :meth:`load_state` so that a resumed run continues
+    exactly.
     """
 
     name: ClassVar[str] = "rule"
-    signals: ClassVar[Mapping[str, SignalCheck]] = {}
+    signals: tuple[str, ...] = ()
 
     def __call__(self, round_signals: RoundSignals) -> RuleOutcome:
         raise NotImplementedError
+
+    def derive_signals(
+        self, models: Sequence[NamedArrays], reference: NamedArrays, num_examples: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        """Signals the server computes from the replies' models (none by default)."""
+        return {}
 
     def state(self) -> dict[str, Any]:
         """Everything needed to continue after a restart (JSON-compatible)."""
@@ -196,14 +263,14 @@ class ComplementShareRule(WeightingRule):
     Parameters
     ----------
     signal : str
-        The metric key to read from each reply.
+        The signal to read from each reply.
     """
 
     name = "complement-share"
 
     def __init__(self, signal: str) -> None:
         self.signal = signal
-        self.signals = {signal: finite_non_negative}
+        self.signals = (signal,)
 
     def __call__(self, round_signals: RoundSignals) -> RuleOutcome:
         return RuleOutcome(complement_share_weights(round_signals.values[self.signal]))

@@ -4,7 +4,7 @@ FedNolowe weighs each client by its mean local training loss ``L_k`` alone
 (the sample counts ``n_k`` play no part): the losses are L1-normalised to
 shares, each share is subtracted from 1, and the result is L1-normalised
 again, ``p_k = (1 - L_k / sum_j L_j) / (K - 1)``. That is
-:func:`~fedweigh.strategies.weighting.complement_share_weights` applied to
+:func:`~fedweigh.rules.base.complement_share_weights` applied to
 ``train_loss``, the same function U-Agg applies to uncertainty. The rule has
 no hyperparameters and keeps nothing across rounds. Clients train plainly;
 the generic training loop already reports ``train_loss`` as the paper defines
@@ -28,7 +28,7 @@ weights); a round with no valid reply keeps the global model.
 Example
 -------
 >>> import numpy as np
->>> from fedweigh.strategies.weighting import complement_share_weights
+>>> from fedweigh.rules.base import complement_share_weights
 >>> complement_share_weights(np.array([0.5, 1.0, 1.5, 2.0])).round(6)
 array([0.3     , 0.266667, 0.233333, 0.2     ])
 >>> loss_deviation_weights(np.array([0.5, 1.0, 1.5, 2.0])).round(4)
@@ -45,23 +45,11 @@ array([0.1883, 0.3117, 0.3117, 0.1883])
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from fedweigh.strategies.base import RecipeValue, WeightedFedAvg
-from fedweigh.strategies.replies import TRAIN_LOSS
-from fedweigh.strategies.weighting import (
-    ComplementShareRule,
-    RoundSignals,
-    RuleOutcome,
-    WeightingRule,
-    finite_non_negative,
-    normalized,
-)
-
-if TYPE_CHECKING:
-    from fedweigh.settings import Settings
+from fedweigh.protocol import TRAIN_LOSS
+from fedweigh.rules.base import RoundSignals, RuleOutcome, WeightingRule, normalized
 
 FEDASL_ALPHA = 0.5
 """Half-width of FedAsl's good region, in standard deviations (the paper's code)."""
@@ -179,7 +167,7 @@ class LossDeviationRule(WeightingRule):
     """
 
     name = "loss-deviation"
-    signals: ClassVar = {TRAIN_LOSS: finite_non_negative}
+    signals = (TRAIN_LOSS,)
 
     def __init__(self, alpha: float = FEDASL_ALPHA, beta: float = FEDASL_BETA) -> None:
         _check_deviation_parameters(alpha, beta)
@@ -200,18 +188,3 @@ class LossDeviationRule(WeightingRule):
                 "fedasl-in-region": inside.astype(float).tolist(),
             },
         )
-
-
-# ---------------------------------------------------------------------------
-# builders (registered in fedweigh.strategies.STRATEGIES)
-# ---------------------------------------------------------------------------
-
-
-def build_fednolowe(settings: Settings, recipe: dict[str, RecipeValue], common: dict) -> WeightedFedAvg:
-    """FedNolowe: plain local training, :class:`ComplementShareRule` on ``train_loss``."""
-    return WeightedFedAvg(ComplementShareRule(TRAIN_LOSS), recipe, **common)
-
-
-def build_fedasl(settings: Settings, recipe: dict[str, RecipeValue], common: dict) -> WeightedFedAvg:
-    """FedAsl: plain local training, :class:`LossDeviationRule` with ``[fedasl]`` alpha and beta."""
-    return WeightedFedAvg(LossDeviationRule(settings.fedasl.alpha, settings.fedasl.beta), recipe, **common)

@@ -1,0 +1,98 @@
+"""Ray nodes that fedweigh starts: a shared local cluster, or a node of one.
+
+Flower's simulation engine runs the ClientApps as Ray actors; by default each
+``flwr run`` starts and stops a Ray cluster of its own. :class:`RayHead`
+starts one cluster for many runs (``RAY_ADDRESS``), :class:`RayNode` any node.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from fedweigh.launch.commands import executable
+from fedweigh.launch.processes import ProcessTree, free_port, free_port_options, spawn_logged, tail
+from fedweigh.launch.runconfig import SimulationError
+
+
+class RayNode:
+    """One Ray node run by ``ray start --block <argv>``; all its processes stay below that one.
+
+    :meth:`start` returns once the node is up; :meth:`stop` terminates it
+    (``ray start --block`` stops its node on SIGTERM) and SIGKILLs leftovers.
+    """
+
+    STARTED = "Ray runtime started"
+
+    def __init__(self, argv: list[str], log_path: Path, env: Mapping[str, str], startup_timeout: float = 120.0) -> None:
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.env = {**env, "RAY_USAGE_STATS_ENABLED": "0"}
+        self.startup_timeout = startup_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+        self.tree: ProcessTree | None = None
+        self.startup_seconds: float | None = None
+
+    def start(self) -> None:
+        t0 = time.monotonic()
+        with self.log_path.open("wb") as log:
+            self.process = spawn_logged([executable("ray"), "start", "--block", *self.argv], log, self.env)
+        self.tree = ProcessTree(self.process.pid, self.process)
+        while self.STARTED not in self.log_path.read_text(errors="replace"):
+            if self.process.poll() is not None or time.monotonic() - t0 > self.startup_timeout:
+                self.stop()
+                log = tail(self.log_path)
+                raise SimulationError(f"the Ray node did not start; see {self.log_path}:\n{log}")
+            time.sleep(0.1)
+        self.startup_seconds = time.monotonic() - t0
+
+    def stop(self) -> list[int]:
+        """Terminate the node; returns the SIGKILLed pids."""
+        if self.tree is None:
+            return []
+        killed = self.tree.terminate(grace=15.0, settle=5.0)
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.process, self.tree = None, None
+        return killed
+
+
+class RayHead(RayNode):
+    """A local Ray cluster (a head node alone) shared by the runs of one SuperLink.
+
+    Flower 1.41 starts a Ray cluster inside every run's ``flwr-simulation``
+    process (``ray.init()``) and shuts it down at the end: about 4-5 s per run
+    on the 2-core project machine (docs/benchmarks.md). Started once here and
+    handed to the SuperLink as ``RAY_ADDRESS`` (inherited by each run's
+    simulation process), every run attaches to it instead; its ClientApp actors
+    are still the run's own (they die with the run's driver), so nothing of a
+    run leaks into the next. The cluster's resources are Ray's defaults for the
+    machine, as with ``ray.init()``. Its ports are free ones and its temporary
+    folder its own (Ray's default one, ``/tmp/ray``, would record it as the
+    machine's current cluster, which every later ``ray.init()`` without an
+    address, Flower's per-run one included, would then try to join, even once
+    it is stopped), so it does not collide with another Ray on the machine.
+    """
+
+    def __init__(self, env: Mapping[str, str], log_path: Path, startup_timeout: float = 120.0) -> None:
+        self.port = free_port()
+        # Short: Ray's socket paths live below it and must fit in 107 bytes.
+        self.temp_dir = Path(tempfile.mkdtemp(prefix=f"fwray{self.port}-", dir="/tmp"))
+        argv = ["--head", "--node-ip-address", "127.0.0.1", "--port", str(self.port)]
+        argv += ["--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", str(self.temp_dir)]
+        argv += free_port_options("dashboard-agent-listen-port", "ray-client-server-port", "metrics-export-port")
+        super().__init__(argv, log_path, env, startup_timeout)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> list[int]:
+        killed = super().stop()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        return killed

@@ -1,0 +1,241 @@
+"""Run-config values: the app's defaults, ``--run-config`` text, paths and run names.
+
+Pure functions over the run config a ``flwr run`` submits: reading the app's
+``[tool.flwr.app.config]`` defaults (:func:`load_app_config`), parsing
+``--run-config`` arguments as ``flwr run`` does (:func:`parse_run_config`),
+writing them back as TOML values (:func:`build_run_config_arg`), and
+preparing a run's overrides: absolute paths, a fresh run name
+(:func:`prepare_run_config`).
+
+Example
+-------
+>>> parse_run_config(["strategy=fedoui seed=3 fedprox.proximal-mu=0.1"])
+{'strategy': 'fedoui', 'seed': 3, 'fedprox.proximal-mu': 0.1}
+>>> build_run_config_arg({"dataset": "../data/cifar10", "seed": 3})
+"dataset='../data/cifar10' seed=3"
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+# Run-config keys holding local paths that are made absolute when they exist
+# relative to the current working directory (the apps run in other cwds).
+PATH_KEYS_IF_EXISTING = ("dataset", "resume-from")
+
+# flwr.common.config.parse_config_args splits `--run-config` with this pattern.
+_KV = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
+
+
+class SimulationError(RuntimeError):
+    """Raised when the app, its config, a SuperLink or a run cannot be set up."""
+
+
+def format_toml_value(value: Any) -> str:
+    """Format a run-config value as a TOML value that ``flwr --run-config`` accepts.
+
+    Flower splits ``--run-config`` on whitespace with the pattern
+    ``key=('...'|"..."|\\S+)`` and then parses each value as TOML.  Strings are
+    therefore written as TOML literal strings ``'...'`` (no escapes, safe for
+    Windows paths and spaces) or, if they contain a single quote, as basic strings.
+    """
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()  # numpy scalars
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, str):
+        if "\n" in value or "\r" in value:
+            raise ValueError(f"run-config strings cannot contain newlines: {value!r}")
+        if "'" not in value:
+            return f"'{value}'"
+        if '"' not in value:
+            return '"' + value.replace("\\", "\\\\") + '"'
+        raise ValueError(f"run-config strings cannot contain both ' and \" (flwr limitation): {value!r}")
+    raise TypeError(f"unsupported run-config value type {type(value).__name__}: {value!r}")
+
+
+def build_run_config_arg(run_config: Mapping[str, Any]) -> str:
+    """Build the ``"k1=v1 k2='v 2'"`` string for ``flwr run --run-config``."""
+    parts = []
+    for key, value in run_config.items():
+        if not key or any(c.isspace() for c in key) or "=" in key:
+            raise ValueError(f"invalid run-config key: {key!r}")
+        parts.append(f"{key}={format_toml_value(value)}")
+    return " ".join(parts)
+
+
+def parse_run_config(args: Iterable[str] | None) -> dict[str, Any]:
+    """Parse ``--run-config`` arguments like ``flwr run`` does, a bit more kindly.
+
+    Accepts ``"k=v k2=v2"`` strings (values are TOML) or a single ``.toml`` file;
+    keys stay flat (``fedprox.proximal-mu``).  Differences from ``flwr``: a bare word
+    that is not valid TOML (``strategy=fedoui``) is taken as a string instead of
+    being rejected, and leftover text (``note=a b`` -> ``b``), which ``flwr``
+    silently drops, raises ``ValueError``.
+    """
+    args = [a for a in (args or []) if a and a.strip()]
+    if not args:
+        return {}
+    if len(args) == 1 and args[0].endswith(".toml"):
+        with Path(args[0]).expanduser().open("rb") as fh:
+            return _flatten(tomllib.load(fh))
+    out: dict[str, Any] = {}
+    for arg in args:
+        if arg.endswith(".toml"):
+            raise ValueError("a .toml run-config file cannot be combined with k=v pairs")
+        pos = 0
+        for m in _KV.finditer(arg):
+            junk = arg[pos : m.start()].strip()
+            if junk:
+                raise ValueError(
+                    f"cannot parse {junk!r} in --run-config {arg!r} (quote strings with spaces: key='a b')"
+                )
+            pos = m.end()
+            key, raw = m.group(1), m.group(2)
+            try:
+                value = tomllib.loads(f"v = {raw}")["v"]
+            except tomllib.TOMLDecodeError as err:
+                if raw[:1] in "'\"":
+                    raise ValueError(f"invalid TOML value for {key!r}: {raw}") from err
+                value = raw  # lenient: bare words are strings (flwr would reject)
+            if not isinstance(value, bool | int | float | str):
+                value = raw  # dates, arrays: flwr run-config values are scalars
+            out[key] = value
+        junk = arg[pos:].strip()
+        if junk:
+            raise ValueError(f"cannot parse {junk!r} in --run-config {arg!r}")
+    return out
+
+
+def load_app_config(app_dir: Path) -> dict[str, Any]:
+    """Return the flattened ``[tool.flwr.app.config]`` defaults of an app."""
+    pyproject = Path(app_dir) / "pyproject.toml"
+    try:
+        with pyproject.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError as err:
+        raise SimulationError(f"no pyproject.toml in {app_dir}") from err
+    config = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {})
+    return _flatten(config)
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        full = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, full))
+        else:
+            out[full] = value
+    return out
+
+
+def resolve_output_dir(value: str | os.PathLike[str] | None, cwd: Path) -> Path:
+    """Absolute output dir: relative values are taken against ``cwd``."""
+    raw = str(value) if value not in (None, "") else "outputs"
+    path = Path(raw).expanduser()
+    if not path.is_absolute():
+        path = Path(cwd) / path
+    return Path(os.path.normpath(path))
+
+
+def resolve_dataset(value: Any, cwd: Path) -> Any:
+    """Make a relative path that exists (relative to ``cwd``) absolute.
+
+    Anything else (e.g. a dataset name like ``"digits"`` or a Hugging Face id like
+    ``"uoft-cs/cifar10"`` that is not a local folder) is returned unchanged.
+    """
+    if not isinstance(value, str) or not value:
+        return value
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return str(path) if value.startswith("~") else value
+    candidate = Path(cwd) / path
+    if candidate.exists():
+        return os.path.normpath(candidate)
+    return value
+
+
+def default_run_name(strategy: Any, now: datetime | None = None) -> str:
+    """``<strategy>-<UTC timestamp>``, e.g. ``fedavg-20260101T120000Z``."""
+    now = now or datetime.now(UTC)
+    if now.tzinfo is not None:
+        now = now.astimezone(UTC)
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", str(strategy or "run")).strip("._") or "run"
+    return f"{name}-{now:%Y%m%dT%H%M%SZ}"
+
+
+def prepare_run_config(
+    overrides: Mapping[str, Any],
+    app_defaults: Mapping[str, Any],
+    cwd: Path,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Return the run-config overrides to send, with paths and run name filled in.
+
+    - unknown keys raise ``ValueError`` (Flower would only fail inside the run);
+    - an int given for a float default is sent as float;
+    - ``output-dir`` (if the app has it) is always sent, made absolute against
+      ``cwd`` (default ``<cwd>/outputs``);
+    - ``run-name`` (if the app has it) defaults to ``<strategy>-<UTC timestamp>``,
+      with ``-2``, ``-3``, ... appended if that results folder already exists;
+    - ``dataset``/``resume-from`` given as relative paths that exist are made absolute.
+    """
+    cwd = Path(cwd)
+    unknown = sorted(set(overrides) - set(app_defaults))
+    if unknown:
+        raise ValueError(f"unknown run-config key(s) {unknown}; the app defines {sorted(app_defaults)}")
+    cfg: dict[str, Any] = {}
+    for key, value in overrides.items():
+        default = app_defaults[key]
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        cfg[key] = value
+
+    for key in PATH_KEYS_IF_EXISTING:
+        if key in cfg:
+            cfg[key] = resolve_dataset(cfg[key], cwd)
+
+    if "output-dir" in app_defaults:
+        out = resolve_output_dir(cfg.get("output-dir", app_defaults["output-dir"]), cwd)
+        cfg["output-dir"] = str(out)
+        if "run-name" in app_defaults and not str(cfg.get("run-name") or ""):
+            default_name = str(app_defaults.get("run-name") or "")
+            if not default_name:
+                strategy = cfg.get("strategy", app_defaults.get("strategy", "run"))
+                base = default_run_name(strategy, now)
+                default_name, n = base, 1
+                while (out / default_name).exists():
+                    n += 1
+                    default_name = f"{base}-{n}"
+            cfg["run-name"] = default_name
+    elif "run-name" in app_defaults and not str(cfg.get("run-name") or ""):
+        cfg["run-name"] = default_run_name(cfg.get("strategy", app_defaults.get("strategy", "run")), now)
+    return cfg
+
+
+def results_dir_for(run_config: Mapping[str, Any]) -> Path | None:
+    """``<output-dir>/<run-name>`` of a prepared run config, if both are known."""
+    if run_config.get("resume-from"):  # a resumed run continues in its own folder
+        return Path(str(run_config["resume-from"]))
+    out, name = run_config.get("output-dir"), run_config.get("run-name")
+    if not out or not name:
+        return None
+    return Path(str(out)) / str(name)

@@ -1,0 +1,59 @@
+"""A run's strategy, built from its settings.
+
+:func:`build_strategy` turns a :class:`~fedweigh.methods.RunPlan` into a
+:class:`~fedweigh.strategies.base.WeightedFedAvg`: the rule from
+:data:`~fedweigh.rules.registry.RULES`, the server update from
+:data:`~fedweigh.strategies.updates.UPDATES`, the train instruction (the
+:class:`~fedweigh.protocol.TrainRecipe`, the client steps and their options)
+and the learning-rate schedule.
+
+Example
+-------
+>>> from fedweigh.settings import validate
+>>> strategy = build_strategy(validate({"strategy": "fedprox"}))
+>>> type(strategy).__name__, strategy.rule.name, strategy.recipe["proximal-mu"]
+('WeightedFedAvg', 'sample-count', 0.01)
+"""
+
+from __future__ import annotations
+
+from fedweigh.methods import RunPlan, plan_run
+from fedweigh.protocol import CLIENT_STEPS, STEPS, ConfigValue, TrainRecipe, table_entries
+from fedweigh.rules.registry import RULES
+from fedweigh.settings import Settings
+from fedweigh.strategies.base import WeightedFedAvg
+from fedweigh.strategies.schedules import LearningRateDecay
+from fedweigh.strategies.updates import UPDATES
+
+
+def train_instruction(settings: Settings, plan: RunPlan) -> dict[str, ConfigValue]:
+    """The static entries of every train instruction: the recipe, the client steps and their options."""
+    mu = settings.fedprox.proximal_mu if plan.proximal else 0.0
+    instruction: dict[str, ConfigValue] = TrainRecipe.from_settings(settings, proximal_mu=mu).to_config()
+    if plan.steps:
+        instruction[CLIENT_STEPS] = plan.step_names
+    for name in plan.step_names:
+        table = STEPS[name].options
+        if table is not None:
+            instruction.update(table_entries(table, getattr(settings, table.replace("-", "_"))))
+    return instruction
+
+
+def build_strategy(settings: Settings, round_offset: int = 0, server_data: object | None = None) -> WeightedFedAvg:
+    """The strategy the settings describe, ready for ``start``."""
+    plan = plan_run(settings)
+    return WeightedFedAvg(
+        RULES[plan.rule].build(settings),
+        train_instruction(settings, plan),
+        update=UPDATES[plan.update](),
+        schedules=[LearningRateDecay(settings.learning_rate, settings.lr_decay)],
+        max_staleness=settings.max_staleness,
+        server_data=server_data,
+        seed=settings.seed,
+        round_offset=round_offset,
+        fraction_train=settings.fraction_train,
+        min_train_nodes=settings.min_train_nodes,
+        min_available_nodes=settings.min_train_nodes,
+        fraction_evaluate=settings.fraction_evaluate,
+        min_evaluate_nodes=1 if settings.fraction_evaluate > 0 else 0,
+    )

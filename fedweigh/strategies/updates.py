@@ -1,0 +1,137 @@
+"""The server-update step: from a round's replies to the new global model.
+
+After the rule has weighed the round's valid replies, a *server update* turns
+them into the next global model. It is given everything the round produced
+(:class:`RoundUpdate`): the global model the round sent, the replies' models
+and the round each one trained from, the rule's weights, the signals, the
+global models of earlier rounds that stale replies started from, and the
+server's own data when the run has some. Its state (if any) goes into the
+checkpoint, so a resumed run continues exactly.
+
+:class:`WeightedMean` is the default, and every weighting strategy's update:
+``θ = Σ_k w_k θ_k``, exactly as Flower's FedAvg computes it. A stale reply
+(trained on the model of an earlier round ``s``) is applied as the update it
+made, relative to the model it started from: it enters the mean as
+``θ_t + (θ_k − θ_s)``. With fresh replies only that is the plain weighted
+mean, bit for bit. Other updates (Feddle's coefficient search on server-held
+data, FedBuff's buffered step) subclass :class:`ServerUpdate`; one that does
+not use the rule's weights says so (``uses_weights = False``), and the check
+before training refuses an ``aggregation`` chosen alongside it.
+
+Example
+-------
+>>> import numpy as np
+>>> start = {"w": np.array([0.0, 0.0])}
+>>> current = {"w": np.array([1.0, 1.0])}
+>>> fresh, stale = {"w": np.array([2.0, 2.0])}, {"w": np.array([0.5, -0.5])}
+>>> update = RoundUpdate(
+...     server_round=2, global_model=current, models=[fresh, stale], model_rounds=[2, 1],
+...     weights=np.array([0.5, 0.5]), num_examples=np.array([10.0, 10.0]), start_models={1: start},
+... )
+>>> WeightedMean()(update)["w"].tolist()  # the stale reply counts as 1 + (0.5, -0.5)
+[1.75, 1.25]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from fedweigh.strategies.aggregation import NamedArrays, weighted_average
+
+
+@dataclass(frozen=True)
+class RoundUpdate:
+    """What the server-update step is given.
+
+    Attributes
+    ----------
+    server_round : int
+        The round being aggregated.
+    global_model : mapping
+        The global model this round sent (the previous global model).
+    models : sequence of mappings
+        The valid replies' models, in partition order.
+    model_rounds : sequence of int
+        For each reply, the round whose global model it trained
+        (``server_round`` for a fresh reply).
+    weights : np.ndarray
+        The rule's weights, one per reply, summing to 1.
+    num_examples : np.ndarray
+        Each reply's training sample count.
+    signals : mapping
+        The rule's signals, one array per name, in reply order.
+    start_models : mapping
+        Round number to the global model it sent, for every round a stale
+        reply started from.
+    server_data : object or None
+        The server's own data, when the run has some (Feddle).
+    """
+
+    server_round: int
+    global_model: NamedArrays
+    models: Sequence[NamedArrays]
+    model_rounds: Sequence[int]
+    weights: np.ndarray
+    num_examples: np.ndarray
+    signals: Mapping[str, np.ndarray] = field(default_factory=dict)
+    start_models: Mapping[int, NamedArrays] = field(default_factory=dict)
+    server_data: object | None = None
+
+    def current_models(self) -> list[NamedArrays]:
+        """Every reply as a model of this round: stale ones rebased (:func:`rebase`), fresh ones as they are."""
+        return [
+            model
+            if model_round == self.server_round
+            else rebase(model, self.start_models[model_round], self.global_model)
+            for model, model_round in zip(self.models, self.model_rounds, strict=True)
+        ]
+
+
+def rebase(model: NamedArrays, start: NamedArrays, current: NamedArrays) -> dict[str, np.ndarray]:
+    """``current + (model - start)``: a client's update applied to a newer global model, tensor by tensor.
+
+    >>> rebase({"w": np.array([3.0])}, {"w": np.array([1.0])}, {"w": np.array([10.0])})["w"].tolist()
+    [12.0]
+    """
+    return {
+        name: np.asarray(current[name]) + (np.asarray(value) - np.asarray(start[name])) for name, value in model.items()
+    }
+
+
+class ServerUpdate:
+    """Base of every server-update step.
+
+    Subclasses implement :meth:`__call__`; those keeping state across rounds
+    override :meth:`state` and :meth:`load_state` (the checkpoint holds it).
+    """
+
+    name: ClassVar[str] = "update"
+    uses_weights: ClassVar[bool] = True
+    """False for an update that ignores the rule's weights (the check before training then refuses ``aggregation``)."""
+
+    def __call__(self, update: RoundUpdate) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def state(self) -> dict[str, Any]:
+        """Everything needed to continue after a restart."""
+        return {}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state` returned."""
+
+
+class WeightedMean(ServerUpdate):
+    """``θ = Σ_k w_k θ_k`` over the replies as models of this round (stale ones rebased)."""
+
+    name = "mean"
+
+    def __call__(self, update: RoundUpdate) -> dict[str, np.ndarray]:
+        return weighted_average(update.current_models(), update.weights)
+
+
+UPDATES: dict[str, type[ServerUpdate]] = {update.name: update for update in (WeightedMean,)}
+"""Every server update, by name."""

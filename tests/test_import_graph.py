@@ -1,0 +1,139 @@
+"""The package's imports form no circle, deferred imports included, and point down the layers.
+
+The graph is built from the source with ``ast``: every ``import`` and
+``from ... import`` anywhere in a module (at the top, inside functions, under
+``TYPE_CHECKING``) is an edge to the fedweigh module it names. ``from pkg
+import name`` depends on ``pkg.name`` when that is a module, else on ``pkg``.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+PACKAGE = REPO / "fedweigh"
+
+# Lower layers may not import upper ones (docs/design.md).
+LAYERS: list[set[str]] = [
+    {"fedweigh.settings", "fedweigh.protocol"},
+    {"fedweigh.data", "fedweigh.models", "fedweigh.rules", "fedweigh.client", "fedweigh.results", "fedweigh.flops"},
+    {"fedweigh.methods", "fedweigh.components", "fedweigh.strategies", "fedweigh.preflight"},
+    {"fedweigh.server_app", "fedweigh.client_app", "fedweigh.launch"},
+    {"fedweigh.experiments", "fedweigh.benchmarks", "fedweigh.cli"},
+]
+
+
+def module_files() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def imported(module: str, path: Path, modules: dict[str, Path]) -> Iterator[str]:
+    """Every fedweigh module ``module`` imports, wherever the import statement stands."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([node.module] if node.module else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        yield from (target for target in targets if target in modules and target != module)
+
+
+@functools.cache
+def import_graph() -> dict[str, set[str]]:
+    modules = module_files()
+    return {name: set(imported(name, path, modules)) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), and self-imports."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def layer_of(module: str) -> int | None:
+    for level, members in enumerate(LAYERS):
+        if any(module == member or module.startswith(member + ".") for member in members):
+            return level
+    return None
+
+
+def test_the_package_has_no_import_circle():
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_finder_finds_circles():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_graph_sees_deferred_imports():
+    # the graph of the real package holds an import made inside a function (the CLI's preflight)
+    assert "fedweigh.preflight" in import_graph()["fedweigh.cli"]
+
+
+@pytest.mark.parametrize("module", sorted(module_files()))
+def test_every_module_has_a_layer_and_imports_only_downwards(module):
+    level = layer_of(module)
+    if module == "fedweigh":
+        return
+    assert level is not None, f"{module} is in no layer of docs/design.md"
+    upward = sorted(target for target in import_graph()[module] if (layer_of(target) or 0) > level)
+    assert upward == [], f"{module} (layer {level}) imports upwards: {upward}"
+
+
+def test_the_client_app_imports_no_server_code():
+    graph = import_graph()
+    reached, frontier = set(), ["fedweigh.client_app"]
+    while frontier:
+        module = frontier.pop()
+        for target in graph[module] - reached:
+            reached.add(target)
+            frontier.append(target)
+    server = sorted(m for m in reached if m.startswith(("fedweigh.strategies", "fedweigh.rules", "fedweigh.methods")))
+    assert server == []
