@@ -72,6 +72,12 @@ def _build_parser() -> argparse.ArgumentParser:
         help="SuperLink state database file (default: in memory)",
     )
 
+    sub.add_parser(
+        "list",
+        help="the strategies, aggregation rules, client steps and models a run config may name",
+        description="What `strategy`, `aggregation`, `client-steps` and `model` accept, with their options.",
+    )
+
     stop = sub.add_parser("stop-superlink", help="stop a SuperLink left running by --keep-superlink")
     stop.add_argument("--app", default=None, help="Flower app dir (default: cwd)")
     stop.add_argument("--port", type=int, default=DEFAULT_PORT)
@@ -165,6 +171,31 @@ def _cmd_stop_superlink(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_list(args: argparse.Namespace) -> int:
+    from fedweigh.methods import METHODS
+    from fedweigh.models import model_names, model_options
+    from fedweigh.protocol import SIGNALS, STEPS
+    from fedweigh.rules.registry import RULES
+
+    print("strategy = ...            (its rule; the client steps of its local objective)")
+    for method in METHODS.values():
+        extras = ", ".join([*method.steps, *(["proximal term"] if method.proximal else [])])
+        print(f"  {method.name:<14} {method.meaning} [rule {method.rule}{'; ' + extras if extras else ''}]")
+    print('\naggregation = ...         ("" = the strategy\'s own; options in the table named)')
+    for rule in RULES.values():
+        print(f"  {rule.name:<14} {rule.meaning}" + (f" [{rule.table}.*]" if rule.table else ""))
+    print("\nclient-steps = ...        (added by strategies and rules; the signals it reports; options)")
+    for step in STEPS.values():
+        print(f"  {step.name:<14} {step.meaning} [{', '.join(step.produces) or 'no signal'}; {step.options}.*]")
+    print("\nsignals")
+    for spec in SIGNALS.values():
+        print(f"  {spec.name:<17}{spec.meaning} [from: {spec.producer or 'every reply'}]")
+    print("\nmodel = ...               (its options, as model-<option>)")
+    for name in model_names():
+        print(f"  {name:<14} {', '.join(model_options(name)) or '-'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fedweigh`` console script."""
     args = _build_parser().parse_args(argv)
@@ -173,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
         "simulate": _cmd_simulate,
         "stop-superlink": _cmd_stop_superlink,
+        "list": _cmd_list,
         "experiment": run_experiment_command,
         "benchmark": run_benchmark_command,
     }

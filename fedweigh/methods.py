@@ -67,6 +67,7 @@ METHODS: dict[str, Method] = {
         Method("fedasl", "fedasl", meaning="FedAsl (the FedNolowe paper's baseline): loss-deviation weights"),
         Method("ufl", "uagg", steps=("ufl",), meaning="UFL: uncertainty-weighted local loss, U-Agg weights"),
         Method("ufl-fedavg", "sample-count", steps=("ufl",), meaning="UFL's local loss with FedAvg's weights"),
+        Method("flood", "dac", steps=("asw",), meaning="FLood: pseudo-OOD samples weighted by λ(t) (ASW), DAC weights"),
     )
 }
 """Every method, by ``strategy`` name."""

@@ -78,7 +78,7 @@ class TrainRecipe:
     FedProx).
     """
 
-    local_epochs: int = 1
+    local_epochs: int = 3
     batch_size: int = 32
     optimizer: str = "sgd"
     learning_rate: float = 0.05
@@ -160,6 +160,11 @@ DATA_DIR = "data-dir"
 # ---------------------------------------------------------------------------
 
 
+def finite(value: float) -> bool:
+    """Any finite value (OOD scores can be negative)."""
+    return bool(math.isfinite(value))
+
+
 def finite_non_negative(value: float) -> bool:
     """A finite value >= 0 (losses, uncertainties)."""
     return bool(math.isfinite(value) and value >= 0)
@@ -168,11 +173,6 @@ def finite_non_negative(value: float) -> bool:
 def in_unit_interval(value: float) -> bool:
     """A finite value in [0, 1] (OUI)."""
     return bool(math.isfinite(value) and 0.0 <= value <= 1.0)
-
-
-def finite(value: float) -> bool:
-    """Any finite value."""
-    return bool(math.isfinite(value))
 
 
 SignalCheck = Callable[[float], bool]
@@ -204,6 +204,7 @@ class Signal:
 OUI = "oui"
 UNCERTAINTY = "uncertainty"
 UNCERTAINTY_MEAN = "uncertainty-mean"
+OOD_SCORE = "ood-score"
 
 SIGNALS: dict[str, Signal] = {
     signal.name: signal
@@ -212,6 +213,7 @@ SIGNALS: dict[str, Signal] = {
         Signal(OUI, "oui", in_unit_interval, "OUI of the trained model on the client's probe batch"),
         Signal(UNCERTAINTY, "ufl", finite_non_negative, "U_k: summed MC-dropout uncertainty of the selected samples"),
         Signal(UNCERTAINTY_MEAN, "ufl", finite_non_negative, "U_k / m_k: mean uncertainty of the selected samples"),
+        Signal(OOD_SCORE, "ood-score", finite, "φ: mean OOD score of the trained model on the client's own data"),
     )
 }
 """Every client signal, by name."""
@@ -256,9 +258,20 @@ STEPS: dict[str, StepSpec] = {
             "before training: MC-dropout uncertainty; the most uncertain samples weigh more in the loss",
         ),
         StepSpec("ufl-dropout", (), "ufl", "only the dropout UFL trains with, for baselines of the same architecture"),
+        StepSpec(
+            "asw",
+            (),
+            "flood",
+            "during training: the pseudo-OOD samples of each batch (lowest OOD scores) weigh λ(t) in the loss",
+        ),
+        StepSpec("ood-score", (OOD_SCORE,), "flood", "after training: φ, the trained model's mean OOD score"),
     )
 }
 """Every client step, by name; :mod:`fedweigh.client.registry` holds their code."""
+
+
+ASW_LAMBDA = "asw-lambda"
+"""Round value for the ``asw`` step: FLood's λ(t), which the server computes each round."""
 
 
 def producers(signals: tuple[str, ...] | list[str]) -> list[str]:

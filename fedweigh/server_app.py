@@ -57,6 +57,7 @@ def central_evaluation(
             "accuracy": result.accuracy,
             "loss": result.loss,
             "macro_f1": result.macro_f1,
+            "prediction_share": result.prediction_share,
             "train_loss": (
                 sum(c["train_loss"] * c["num_examples"] for c in clients) / sum(c["num_examples"] for c in clients)
                 if clients

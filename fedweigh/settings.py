@@ -156,8 +156,26 @@ class UAggSettings(_Section):
     size_aware: bool = False  # weights times n_k
 
 
-MODEL_OPTIONS = ("width", "hidden", "dropout")
-"""Model options, set as ``model-width``, ``model-hidden``, ``model-dropout``."""
+class FLoodSettings(_Section):
+    """``[flood]``: FLood's client steps ASW and ``ood-score`` and its λ(t) (see :mod:`fedweigh.client.flood`)."""
+
+    q: float = Field(0.7, ge=0.0, le=1.0)  # the lower q-quantile of a batch's scores is the threshold
+    score: Literal["energy", "msp", "max-logit", "gen"] = "energy"
+    temperature: float = Field(1.0, gt=0.0, allow_inf_nan=False)  # T of the energy score
+    a: float = Field(200.0, ge=0.0, allow_inf_nan=False)  # λ rises from 0 to 2a
+    halt_round: int = Field(1000, ge=1)  # T: λ stops growing at round T + 1
+    schedule: Literal["cosine", "linear", "quadratic", "exponential", "logistic"] = "cosine"
+    lag: bool = False  # the authors' code: λ = 1 in round 1, then one round behind
+    mask: Literal["scores", "uniform"] = "scores"  # uniform: every sample gets the batch's mean weight (a control)
+    phi_augment: bool = False  # φ on augmented inputs (the authors' code) instead of the data as it is (Eq. 10)
+
+
+class DACSettings(_Section):
+    """``[dac]``: FLood's aggregation rule (see :mod:`fedweigh.rules.dac`)."""
+
+    alpha: float = Field(0.5, ge=0.0, allow_inf_nan=False)  # p = (u + alpha v) / (1 + alpha)
+    mapping: Literal["sum", "shift", "softmax"] = "sum"  # how OOD scores become shares
+    temperature: float = Field(1.0, gt=0.0, allow_inf_nan=False)  # of the softmax mapping
 
 
 class Settings(_Section):
@@ -199,7 +217,7 @@ class Settings(_Section):
     model_hidden: str = ""  # "" or comma-separated layer sizes, e.g. "128,128"
     model_dropout: float = Field(0.0, ge=0.0, lt=1.0)
     # local training recipe
-    local_epochs: int = Field(1, ge=1)
+    local_epochs: int = Field(3, ge=1)
     batch_size: int = Field(32, ge=1)
     optimizer: Literal["sgd", "adam"] = "sgd"
     learning_rate: float = Field(0.05, gt=0.0, allow_inf_nan=False)
@@ -222,6 +240,8 @@ class Settings(_Section):
     fedasl: FedAslSettings = FedAslSettings()
     ufl: UFLSettings = UFLSettings()
     uagg: UAggSettings = UAggSettings()
+    flood: FLoodSettings = FLoodSettings()
+    dac: DACSettings = DACSettings()
 
     @field_validator("strategy")
     @classmethod

@@ -105,3 +105,29 @@ class FakeGrid(Grid):
 @pytest.fixture
 def fake_grid():
     return FakeGrid
+
+
+@pytest.fixture(scope="session")
+def shared_simulation(tmp_path_factory):
+    """One local simulation SuperLink with one Ray cluster, for every real ``flwr run`` of the suite.
+
+    The experiment runner's mode (``shared_ray=True``): each run still gets its
+    own ClientApp actors; only Ray's start and stop are saved. At the end
+    every process of the SuperLink and of the cluster must be gone.
+    """
+    from fedweigh.launch.processes import ProcessTree, free_port
+    from fedweigh.launch.simulation import LocalSimulation
+
+    home = tmp_path_factory.mktemp("flwr-home")
+    with (home / "launcher.log").open("a") as log:
+        simulation = LocalSimulation(
+            REPO, port=free_port(), connection="fedweigh-tests", flwr_home=home, shared_ray=True, out=log
+        )
+        simulation.start()
+        trees = [tree for tree in (simulation.tree, simulation.ray and simulation.ray.tree) if tree is not None]
+        try:
+            yield simulation
+        finally:
+            simulation.stop()
+            alive = [pid for tree in trees for pid, _ in ProcessTree._living({tree.root, *tree.known}, tree.refresh())]
+            assert not alive, f"the shared simulation left processes behind: {alive}"

@@ -36,6 +36,8 @@ NO_CA = "no-ca"  # registered, but does not trust the federation's CA
 RUN = {"strategy": "fedoui", "dataset": "digits", "seed": 2, "fraction-train": 1.0, "min-train-nodes": 2}
 RESULT_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "model.pt", "summary.json")
 
+pytestmark = pytest.mark.xdist_group("deployment")
+
 
 class LoopbackFallbackWarning(UserWarning):
     """Network namespaces were not permitted: the federation ran on 127.0.0.1."""
@@ -137,21 +139,21 @@ def test_supernode_without_the_ca_is_refused(federation):
     assert federation.node_states()[federation.node_ids[NO_CA]] == "registered"  # never online
 
 
-def test_fedoui_trains_three_rounds_across_the_hosts(federation, output_dir):
-    run = federation.submit({**RUN, "num-server-rounds": 3, "output-dir": str(output_dir), "run-name": "tls"}, "tls")
+def test_fedoui_trains_across_the_hosts(federation, output_dir):
+    run = federation.submit({**RUN, "num-server-rounds": 2, "output-dir": str(output_dir), "run-name": "tls"}, "tls")
     federation.finish(run, timeout=480)
     assert run.status == "finished:completed", f"{run.status} {run.details}\n{run.process.tail(40)}"
 
     folder = output_dir / "tls"
     assert all((folder / name).is_file() for name in RESULT_FILES), sorted(p.name for p in folder.iterdir())
     rows = read_metrics(folder)
-    assert [row["round"] for row in rows] == [1, 2, 3]
+    assert [row["round"] for row in rows] == [1, 2]
     assert all(row["aggregated"] and row["left_out"] == {} for row in rows)
     assert all(sorted(client["partition"] for client in row["clients"]) == [0, 1, 2] for row in rows)
     assert all("oui" in client for row in rows for client in row["clients"])
     assert rows[-1]["accuracy"] > rows[0]["accuracy"] and rows[-1]["accuracy"] > 0.5  # chance is 0.1
     summary = json.loads((folder / "summary.json").read_text())
-    assert summary["rounds"] == 3 and summary["final_accuracy"] == rows[-1]["accuracy"]
+    assert summary["rounds"] == 2 and summary["final_accuracy"] == rows[-1]["accuracy"]
     assert "[fedweigh] done: final accuracy" in run.log
 
 

@@ -23,7 +23,13 @@ from fedweigh.rules.registry import RULES
 
 STRATEGIES = sorted(METHODS)
 SMALL = {"num-server-rounds": 2, "fraction-train": 0.5, "seed": 3}
-SIGNAL_OF = {"fedoui": "oui", "fedalign": "alignment", "ufl": "uncertainty", "ufl-fedavg": "uncertainty"}
+SIGNAL_OF = {
+    "fedoui": "oui",
+    "fedalign": "alignment",
+    "ufl": "uncertainty",
+    "ufl-fedavg": "uncertainty",
+    "flood": "ood-score",
+}
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +114,28 @@ def test_ufl_loss_with_fedoui_weights(output_dir):
     for row in rows:
         assert all("uncertainty" in c and "oui" in c for c in row["clients"])
         assert row["diagnostics"]["fit-method"] in ("moments", "mle", "empirical")
+
+
+def test_flood_records_lambda_the_learning_rate_phi_weights_and_the_pseudo_ood_fraction(output_dir):
+    config = {"strategy": "flood", "flood.halt-round": 2, "flood.a": 2.0, "lr-decay": 0.5, "num-server-rounds": 3}
+    rows, recorded = run(output_dir, "flood", **config)
+    assert [row["diagnostics"]["asw-lambda"] for row in rows] == pytest.approx([0.0, 2.0, 4.0])  # a(1 - cos(pi t/T))
+    assert [row["diagnostics"]["learning-rate"] for row in rows] == [0.05, 0.025, 0.0125]
+    assert recorded["instruction"]["client-steps"] == ["asw", "ood-score"]
+    for row in rows:
+        for client in row["clients"]:
+            assert np.isfinite(client["ood-score"]) and client["asw-lambda"] == row["diagnostics"]["asw-lambda"]
+            assert 0.0 <= client["pseudo-ood-fraction"] < 0.7
+        np.testing.assert_allclose(
+            [c["weight"] for c in row["clients"]], expected_weights(config | {"aggregation": "dac"}, row)
+        )
+
+
+def test_dac_plugs_into_another_strategy_without_asw(output_dir):
+    rows, recorded = run(output_dir, "fedprox-dac", strategy="fedprox", aggregation="dac")
+    assert recorded["instruction"]["client-steps"] == ["ood-score"] and recorded["instruction"]["proximal-mu"] == 0.01
+    assert all("ood-score" in c and "pseudo-ood-fraction" not in c for row in rows for c in row["clients"])
+    assert all("asw-lambda" not in row["diagnostics"] for row in rows)
 
 
 def test_learning_rate_decays_by_round(output_dir):

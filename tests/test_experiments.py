@@ -31,7 +31,6 @@ from fedweigh.experiments.runner import GridProgress, parse_round_line, run_expe
 from fedweigh.experiments.runs import accuracy_auc, collect_results, run_scores
 from fedweigh.experiments.spec import ExperimentError, load_experiment, parse_reported
 from fedweigh.launch.runconfig import load_app_config
-from fedweigh.launch.simulation import LocalSimulation
 from fedweigh.results import CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, Checkpoint
 
 DEFAULTS = load_app_config(REPO)
@@ -87,6 +86,20 @@ def test_bad_run_config_value_inside_an_arm_names_the_arm_and_the_setting():
     message = failure(table)
     assert "arm 'fedoui': oui.probe-size = 1" in message
     assert "arm 'fedoui': learning-rate = -0.1" in message
+
+
+def test_arms_vary_the_aggregation_rule_like_any_other_setting():
+    table = experiment_table()
+    table["arms"].append({"name": "fedprox-nolowe", "strategy": "fedprox", "overrides": {"aggregation": "fednolowe"}})
+    experiment = load_experiment(table, DEFAULTS)
+    assert experiment.arm_configs["fedprox-nolowe"]["aggregation"] == "fednolowe"
+    table["arms"][-1]["overrides"] = {"aggregation": "median", "oui": {"probe-layer": "conv9"}}
+    message = failure(table)
+    assert "arm 'fedprox-nolowe': aggregation = 'median': unknown aggregation rule" in message
+    # a combination that cannot run is refused per arm too
+    table["arms"][-1]["overrides"] = {"aggregation": "fedoui", "oui": {"probe-layer": "conv9"}}
+    message = failure(table)
+    assert "arm 'fedprox-nolowe': aggregation = 'fedoui' runs the client step 'oui'" in message
 
 
 def test_unknown_or_reserved_run_config_keys_are_refused():
@@ -345,6 +358,7 @@ def synthetic_grid(tmp_path, second_arm_sampled=None):
         rows = [json.loads(line) for line in (run.run_dir / METRICS_FILE).read_text().splitlines()]
         for row in rows:
             row["diagnostics"] = {"beta-alpha": 6.0 + row["round"], "beta-beta": 20.0, "fit-method": "mom"}
+            row["macro_f1"] = row["accuracy"] - 0.05
         (run.run_dir / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
         record_segment(run.run_dir, run, {"status": "finished:completed", "wall_seconds": 30.0})
     return experiment, runs
@@ -360,7 +374,12 @@ def test_results_csv_and_summary_hold_the_scores_and_the_papers_numbers(tmp_path
     assert first["run_name"] == "fedavg-seed1" and float(first["final_accuracy"]) == pytest.approx(0.5)
     assert float(first["best_accuracy"]) == pytest.approx(0.5) and float(first["wall_seconds"]) == 30.0
     assert float(first["auc_accuracy"]) == pytest.approx((0.25 + 0.4) / 2)
+    assert float(first["final_macro_f1"]) == pytest.approx(0.45)  # the CSV holds 6 decimals
+    assert float(first["mean_macro_f1"]) == pytest.approx((0.15 + 0.25 + 0.45) / 3, abs=1e-6)
+    assert float(first["mean_loss"]) == pytest.approx((1.0 + 1 / 2 + 1 / 3) / 3, abs=1e-6)  # write_run's loss: 1/round
     summary = report.summary_md.read_text()
+    f1_mean, f1_std = mean_std([(0.15 + 0.25 + 0.45) / 3, (0.25 + 0.35 + 0.55) / 3])
+    assert f"| fedavg | {f1_mean:.4f} ± {f1_std:.4f} | " in summary  # the macro-F1 and loss table
     final_mean, final_std = mean_std([0.5, 0.6])
     assert f"{final_mean:.4f} ± {final_std:.4f} (paper 0.5000 ± 0.0200)" in summary
     assert "(paper 0.4000)" in summary
@@ -404,14 +423,9 @@ def test_plots_are_valid_pngs_for_accuracy_weights_and_signals(tmp_path):
 # ------------------------------------------------------------------ one real grid
 
 
-@pytest.fixture(scope="module")
-def simulation(tmp_path_factory):
-    home = tmp_path_factory.mktemp("flwr-home")
-    with LocalSimulation(REPO, port=39391, flwr_home=home, connection="fedweigh-experiments") as sim:
-        yield sim
-
-
-def test_a_tiny_real_grid_end_to_end(simulation, tmp_path):
+@pytest.mark.xdist_group("simulation")
+def test_a_tiny_real_grid_end_to_end(shared_simulation, tmp_path):
+    simulation = shared_simulation
     experiment = load_experiment(REPO / "experiments" / "smoke_digits.toml", DEFAULTS)
     out = io.StringIO()
     outcome = run_experiment(experiment, tmp_path, REPO, DEFAULTS, port=simulation.port, out=out, simulation=simulation)
@@ -435,3 +449,24 @@ def test_a_tiny_real_grid_end_to_end(simulation, tmp_path):
         experiment, tmp_path, REPO, DEFAULTS, port=simulation.port, out=io.StringIO(), simulation=simulation
     )
     assert [plan.action for plan in again.plans] == [Action.SKIP, Action.SKIP]  # nothing runs twice
+
+
+def test_a_run_whose_model_collapsed_is_named_with_the_round_and_lambda(tmp_path):
+    experiment, runs = synthetic_grid(tmp_path)
+    folder = runs[1].run_dir  # fedoui-seed1
+    rows = [json.loads(line) for line in (folder / METRICS_FILE).read_text().splitlines()]
+    for row, share, lam in zip(rows, (0.9, 0.97, 0.95), (58.5786, 100.0, 200.0), strict=True):
+        row["prediction_share"] = share
+        row["diagnostics"]["asw-lambda"] = lam
+    (folder / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    report = write_report(experiment, runs, tmp_path, plots=False)
+    summary = report.summary_md.read_text()
+    assert "Collapses (the global model predicted one class for at least 90% of the test set" in summary
+    assert "- fedoui-seed1: round 1 (accuracy 0.2500, λ = 58.58); to the end" in summary
+    with report.results_csv.open() as handle:
+        collapses = {row["run_name"]: row["collapse"] for row in csv.DictReader(handle)}
+    assert collapses["fedoui-seed1"].startswith("round 1") and collapses["fedavg-seed1"] == ""
+    # a single round predicting one class is no collapse (strong label skew does that to FedAvg too)
+    rows[2]["prediction_share"] = 0.5
+    (folder / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert "Collapses" not in write_report(experiment, runs, tmp_path, plots=False).summary_md.read_text()

@@ -512,7 +512,7 @@ def tiny_data(seed: int = 5) -> ImageTensors:
 def test_kept_optimizer_state_continues_one_optimizer_across_rounds(options, reference_optimizer, slots):
     """Two calls that hand the optimizer state on equal one optimizer living through both rounds."""
     data, transform = tiny_data(), BatchTransform(TINY_INFO, augment=False)
-    recipe = TrainRecipe(batch_size=4, persist_optimizer_state=True, **options)
+    recipe = TrainRecipe(local_epochs=1, batch_size=4, persist_optimizer_state=True, **options)
     cpu = torch.device("cpu")
 
     client = tiny_model()
@@ -552,6 +552,7 @@ def test_momentum_is_not_kept_unless_asked():
 def test_adam_with_its_settings_is_torch_adam():
     data, transform = tiny_data(), BatchTransform(TINY_INFO, augment=False)
     recipe = TrainRecipe(
+        local_epochs=1,
         batch_size=5,
         optimizer="adam",
         learning_rate=0.02,

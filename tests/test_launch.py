@@ -461,3 +461,16 @@ def test_process_tree_terminate_and_orphans(tmp_path: Path):
     finally:
         if root.poll() is None:
             root.kill()
+
+
+def test_fedweigh_list_shows_every_name_a_run_config_may_use(capsys):
+    from fedweigh.cli import main
+    from fedweigh.methods import METHODS
+    from fedweigh.models import model_names
+    from fedweigh.protocol import SIGNALS, STEPS
+    from fedweigh.rules.registry import RULES
+
+    assert main(["list"]) == 0
+    printed = capsys.readouterr().out
+    for name in [*METHODS, *RULES, *STEPS, *SIGNALS, *model_names()]:
+        assert f"  {name} " in printed, name

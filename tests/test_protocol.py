@@ -48,3 +48,7 @@ def test_signals_steps_and_their_code_agree():
     for name, signal in SIGNALS.items():
         assert signal.producer is None or name in STEPS[signal.producer].produces
     assert producers(["oui", "train_loss", "oui"]) == ["oui"]
+
+
+def test_the_recipe_s_defaults_are_the_settings_defaults():
+    assert TrainRecipe() == TrainRecipe.from_settings(validate({}), proximal_mu=0.0)

@@ -159,6 +159,7 @@ def test_flower_packs_clients_per_gpu_as_documented(monkeypatch):
     assert pool_size_from_resources({"num_cpus": 2, "num_gpus": 0.0}) == 8 + 2  # CPU only: both boxes
 
 
+@pytest.mark.xdist_group("ray-cluster")
 def test_simulation_runs_on_the_second_node_of_an_existing_cluster(ray_cluster, tmp_path):
     head, worker = ray_cluster["head"], ray_cluster["worker"]
     simulation = LocalSimulation(REPO, port=free_port(), flwr_home=tmp_path / "flwr-home")
@@ -187,35 +188,42 @@ def test_simulation_runs_on_the_second_node_of_an_existing_cluster(ray_cluster, 
     assert logged <= on_worker.actor_pids("ClientAppActor")
 
 
-def test_shared_ray_cluster_serves_every_run_and_is_stopped_with_the_superlink(tmp_path):
-    """The experiment runner's mode: one Ray head for all runs; each run still gets its own actors."""
-    simulation = LocalSimulation(REPO, port=free_port(), flwr_home=tmp_path / "flwr-home", shared_ray=True)
+@pytest.mark.xdist_group("simulation")
+def test_shared_ray_cluster_serves_every_run(shared_simulation, tmp_path):
+    """The experiment runner's mode: one Ray head for all runs; each run still gets its own actors.
+
+    That the cluster is stopped with its SuperLink, leaving no process behind,
+    is asserted when the suite's shared simulation is torn down (conftest).
+    """
+    simulation = shared_simulation
+    head = simulation.ray
+    assert head is not None and simulation.env["RAY_ADDRESS"] == head.address
+    # Not recorded as the machine's current cluster: a later ray.init() without an address
+    # (Flower's own per-run cluster) must not try to join it, running or stopped.
+    current = Path("/tmp/ray/ray_current_cluster")
+    assert not current.is_file() or f":{head.port}" not in current.read_text()
     outcomes, per_run = [], []
-    with simulation:
-        head = simulation.ray
-        assert head is not None and simulation.env["RAY_ADDRESS"] == head.address
-        # Not recorded as the machine's current cluster: a later ray.init() without an address
-        # (Flower's own per-run cluster) must not try to join it, running or stopped.
-        current = Path("/tmp/ray/ray_current_cluster")
-        assert not current.is_file() or f":{head.port}" not in current.read_text()
-        head_tree = head.tree
-        on_head = Observer(head)
-        watcher = Watcher([on_head])
-        watcher.start()
-        try:
-            for index in range(2):
-                before = on_head.actor_pids("ClientAppActor")
-                config = {"num-server-rounds": 1, "output-dir": str(tmp_path), "run-name": f"r{index}"}
-                outcomes.append(
-                    simulation.run(config, num_supernodes=2, echo=False, log_path=tmp_path / f"run{index}.log")
-                )
-                on_head.observe()
-                per_run.append(on_head.actor_pids("ClientAppActor") - before)
-        finally:
-            watcher.stop()
+    on_head = Observer(head)
+    watcher = Watcher([on_head])
+    watcher.start()
+    try:
+        for index in range(2):
+            before = on_head.actor_pids("ClientAppActor")
+            config = {"num-server-rounds": 1, "output-dir": str(tmp_path), "run-name": f"r{index}"}
+            outcomes.append(simulation.run(config, num_supernodes=2, echo=False, log_path=tmp_path / f"run{index}.log"))
+            on_head.observe()
+            per_run.append(on_head.actor_pids("ClientAppActor") - before)
+    finally:
+        watcher.stop()
     assert all(outcome.ok for outcome in outcomes), [(o.status, o.details) for o in outcomes]
     assert all(actors_of_run for actors_of_run in per_run), "every run's ClientApps ran on the shared cluster"
     assert not per_run[0] & per_run[1], "a run's actors are its own, never reused by the next run"
+
+
+def test_a_stopped_simulation_forgets_its_shared_cluster(tmp_path):
+    simulation = LocalSimulation(REPO, port=free_port(), flwr_home=tmp_path / "flwr-home", shared_ray=True)
+    with simulation:
+        head_tree = simulation.ray.tree
     assert simulation.ray is None and "RAY_ADDRESS" not in simulation.env
     alive = ProcessTree._living(head_tree.known, head_tree.refresh())
     assert not alive, f"the shared cluster left processes behind: {alive}"

@@ -1,32 +1,35 @@
-"""End to end: real ``flwr run`` simulations (Ray backend) on the offline digits data.
+"""End to end through Flower: real ``flwr run`` simulations (Ray backend) on the offline digits data.
 
-One SuperLink serves every run of this module; each run is a real Flower run,
-exactly what ``fedweigh simulate`` does for a user.
+The runs share one simulation SuperLink and Ray cluster (``shared_simulation``
+in conftest); each is a real Flower run, exactly what ``fedweigh simulate``
+does for a user. One test goes through the ``fedweigh simulate`` command
+itself, with a SuperLink and Ray of its own, as the README's first command
+does. Every strategy and every rule also run end to end in
+``test_end_to_end.py``, in one process.
 """
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from conftest import REPO
 
-from fedweigh.launch.simulation import LocalSimulation
+from fedweigh.cli import main
+from fedweigh.launch.processes import free_port
 from fedweigh.results import read_metrics
+from fedweigh.rules.base import complement_share_weights
 
-STRATEGIES = ["fedavg", "fedprox", "fedoui", "fedalign", "fednolowe", "fedasl", "ufl", "ufl-fedavg"]
+pytestmark = pytest.mark.xdist_group("simulation")
+
 SMALL = {"num-server-rounds": 2, "fraction-train": 0.5, "seed": 3}
 
 
-@pytest.fixture(scope="module")
-def simulation(tmp_path_factory):
-    home = tmp_path_factory.mktemp("flwr-home")
-    with LocalSimulation(REPO, port=39291, flwr_home=home) as sim:
-        yield sim
-
-
-@pytest.fixture(scope="module")
+# Session-scoped, not module-scoped: pytest-xdist may interleave the tests of one group from several
+# modules, and a module fixture would then be torn down and built again.
+@pytest.fixture(scope="session")
 def output_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("outputs")
 
@@ -35,55 +38,88 @@ def run(simulation, output_dir, name: str, **config):
     outcome = simulation.run(
         {**SMALL, "output-dir": str(output_dir), "run-name": name, **config}, num_supernodes=4, echo=False
     )
-    assert outcome.ok, f"run {name} ended {outcome.status}"
+    assert outcome.ok, f"run {name} ended {outcome.status}: {outcome.details}"
     return outcome.results_dir
 
 
-@pytest.fixture(scope="module")
-def strategy_runs(simulation, output_dir):
-    return {name: run(simulation, output_dir, name, strategy=name) for name in STRATEGIES}
+@pytest.fixture(scope="session")
+def runs(shared_simulation, output_dir):
+    """FedAvg, 3 rounds; FLood (client steps and a per-round value over the wire), 2; FedAvg stopped, resumed."""
+    straight = run(shared_simulation, output_dir, "fedavg", **{"num-server-rounds": 3})
+    flood = run(shared_simulation, output_dir, "flood", strategy="flood", **{"flood.halt-round": 1, "flood.a": 2.0})
+    interrupted = run(shared_simulation, output_dir, "interrupted")
+    resumed = run(shared_simulation, output_dir, "resumed", **{"num-server-rounds": 3, "resume-from": str(interrupted)})
+    return {"fedavg": straight, "flood": flood, "interrupted": interrupted, "resumed": resumed}
 
 
-def test_results_folder_is_complete(strategy_runs):
-    folder = strategy_runs["fedavg"]
+def test_results_folder_is_complete(runs):
+    folder = runs["fedavg"]
     for name in ("config.json", "metrics.jsonl", "checkpoint.pt", "model.pt", "summary.json"):
         assert (folder / name).is_file(), name
     config = json.loads((folder / "config.json").read_text())
-    assert config["settings"]["strategy"] == "fedavg" and config["settings"]["num-server-rounds"] == 2
+    assert config["settings"]["strategy"] == "fedavg" and config["settings"]["num-server-rounds"] == 3
+    assert config["instruction"]["local-epochs"] == 3 and config["instruction"]["optimizer"] == "sgd"
     rows = read_metrics(folder)
-    assert [row["round"] for row in rows] == [1, 2]
+    assert [row["round"] for row in rows] == [1, 2, 3]
     for row in rows:
         assert 0.0 <= row["accuracy"] <= 1.0 and row["loss"] > 0 and row["seconds"] > 0
         assert len(row["sampled"]) == 2 and len(row["clients"]) == 2
         assert sum(client["weight"] for client in row["clients"]) == pytest.approx(1.0)
+        assert all(client["staleness"] == 0 for client in row["clients"])
     summary = json.loads((folder / "summary.json").read_text())
-    assert summary["final_accuracy"] == rows[-1]["accuracy"] and summary["rounds"] == 2
+    assert summary["final_accuracy"] == rows[-1]["accuracy"] and summary["rounds"] == 3
     state = torch.load(folder / "model.pt")
     assert all(torch.isfinite(tensor).all() for tensor in state.values() if tensor.is_floating_point())
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_every_strategy_trains_and_records_its_signals(strategy_runs, strategy):
-    rows = read_metrics(strategy_runs[strategy])
-    assert len(rows) == 2 and all(row["aggregated"] for row in rows)
-    assert rows[-1]["accuracy"] > 0.15  # better than chance (0.1) on digits after 2 rounds
-    signal = {"fedoui": "oui", "fedalign": "alignment", "ufl": "uncertainty", "ufl-fedavg": "uncertainty"}.get(strategy)
-    if signal:
-        assert all(signal in client for row in rows for client in row["clients"])
+def test_client_steps_and_a_round_value_cross_the_wire(runs):
+    rows = read_metrics(runs["flood"])
+    assert all(row["aggregated"] for row in rows) and rows[-1]["accuracy"] > 0.15
+    assert [row["diagnostics"]["asw-lambda"] for row in rows] == [0.0, 4.0]  # λ(t) = 2a from round T + 1 on
+    for row in rows:
+        for client in row["clients"]:
+            assert client["asw-lambda"] == row["diagnostics"]["asw-lambda"]  # what the client trained with
+            assert np.isfinite(client["ood-score"]) and 0.0 < client["pseudo-ood-fraction"] < 0.7
 
 
-def test_every_strategy_sees_the_same_clients(strategy_runs):
-    sequences = {name: [row["sampled"] for row in read_metrics(folder)] for name, folder in strategy_runs.items()}
-    assert len({json.dumps(sequence) for sequence in sequences.values()}) == 1, sequences
+def test_strategies_see_the_same_clients(runs):
+    fedavg, flood = read_metrics(runs["fedavg"]), read_metrics(runs["flood"])
+    assert [row["sampled"] for row in fedavg[:2]] == [row["sampled"] for row in flood]
 
 
-def test_resumed_run_ends_where_the_uninterrupted_one_does(simulation, output_dir):
-    straight = run(simulation, output_dir, "straight", **{"num-server-rounds": 3})
-    first_part = run(simulation, output_dir, "interrupted", **{"num-server-rounds": 2})
-    resumed = run(simulation, output_dir, "resumed", **{"num-server-rounds": 3, "resume-from": str(first_part)})
-    assert resumed == first_part  # a resumed run continues in its own folder
+def test_resumed_run_ends_where_the_uninterrupted_one_does(runs):
+    straight, resumed = runs["fedavg"], runs["resumed"]
+    assert resumed == runs["interrupted"]  # a resumed run continues in its own folder
     assert [row["round"] for row in read_metrics(resumed)] == [1, 2, 3]
     assert read_metrics(resumed)[-1]["accuracy"] == read_metrics(straight)[-1]["accuracy"]
     final_straight, final_resumed = torch.load(straight / "model.pt"), torch.load(resumed / "model.pt")
     for name, tensor in final_straight.items():
         assert torch.equal(tensor, final_resumed[name]), name
+
+
+@pytest.mark.xdist_group("cli")  # a SuperLink and Ray of its own: it can run beside the shared simulation
+def test_fedweigh_simulate_with_fedprox_training_and_fednolowe_weights(tmp_path, capsys):
+    """``fedweigh simulate --run-config "strategy=fedprox aggregation=fednolowe"``, the command as a user runs it."""
+    config = f"strategy=fedprox aggregation=fednolowe num-server-rounds=2 seed=3 output-dir='{tmp_path}' run-name=cli"
+    code = main(
+        ["simulate", "--app", str(REPO), "--port", str(free_port()), "--num-supernodes", "4", "--run-config", config]
+    )
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "finished:completed" in printed and f"results: {tmp_path / 'cli'}" in printed
+    rows = read_metrics(tmp_path / "cli")
+    for row in rows:
+        losses = np.array([client["train_loss"] for client in row["clients"]])
+        np.testing.assert_allclose([client["weight"] for client in row["clients"]], complement_share_weights(losses))
+    instruction = json.loads((tmp_path / "cli" / "config.json").read_text())["instruction"]
+    assert instruction["proximal-mu"] == 0.01  # what every client trained with
+    assert f"final_accuracy: {rows[-1]['accuracy']}" in printed
+
+
+@pytest.mark.xdist_group("cli")
+def test_fedweigh_simulate_refuses_a_bad_run_config_before_starting_anything(capsys):
+    port = free_port()
+    assert main(["simulate", "--app", str(REPO), "--port", str(port), "--run-config", "aggregation=median"]) == 2
+    error = capsys.readouterr().err
+    assert "aggregation = 'median': unknown aggregation rule; accepted:" in error
+    assert not list((REPO / ".flwr").glob(f"superlink-{port}.pid"))  # no SuperLink was started

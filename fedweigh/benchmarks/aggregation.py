@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedweigh.protocol import ARRAYS, METRICS, NUM_EXAMPLES, PARTITION_ID, TRAIN_LOSS
+
 __all__ = ["aggregation", "run_case"]
 
 DISTINCT_MODELS = 10
@@ -95,12 +97,12 @@ def _replies(k: int, model: str) -> tuple[list[Any], Any]:
         )
         metrics = MetricRecord(
             {
-                "num-examples": int(rng.integers(50, 500)),
-                "train_loss": float(rng.uniform(0.5, 2.0)),
-                "partition-id": node,
+                NUM_EXAMPLES: int(rng.integers(50, 500)),
+                TRAIN_LOSS: float(rng.uniform(0.5, 2.0)),
+                PARTITION_ID: node,
             }
         )
-        content = RecordDict({"arrays": records[(node - 1) % len(records)], "metrics": metrics})
+        content = RecordDict({ARRAYS: records[(node - 1) % len(records)], METRICS: metrics})
         replies.append(make_message(metadata=metadata, content=content))
     return replies, ArrayRecord(base)
 
@@ -117,7 +119,7 @@ def run_case(k: int, side: str, level: str, repeat: int = 3, model: str = "resne
 
     replies, global_arrays = _replies(k, model)
     contents = [reply.content for reply in replies]
-    counts = np.array([float(c["metrics"]["num-examples"]) for c in contents])
+    counts = np.array([float(c[METRICS][NUM_EXAMPLES]) for c in contents])
 
     if side == "fedweigh" and level == "strategy":
         strategy = WeightedFedAvg(SampleCountRule(), {}, seed=1)
@@ -134,19 +136,19 @@ def run_case(k: int, side: str, level: str, repeat: int = 3, model: str = "resne
     elif side == "fedweigh" and level == "arrays":
 
         def work() -> Any:
-            models = [decode(content["arrays"]) for content in contents]
+            models = [decode(content[ARRAYS]) for content in contents]
             return encode(weighted_average(models, counts / counts.sum()))
     elif side == "flower" and level == "arrays":
 
         def work() -> Any:
-            return aggregate_arrayrecords(contents, "num-examples")
+            return aggregate_arrayrecords(contents, NUM_EXAMPLES)
     elif side == "fedweigh" and level == "arithmetic":
-        decoded = [decode(content["arrays"]) for content in contents]
+        decoded = [decode(content[ARRAYS]) for content in contents]
 
         def work() -> Any:
             return weighted_average(decoded, counts / counts.sum())
     elif side == "flower" and level == "arithmetic":
-        decoded = [{key: value.numpy() for key, value in content["arrays"].items()} for content in contents]
+        decoded = [{key: value.numpy() for key, value in content[ARRAYS].items()} for content in contents]
         factors = counts / counts.sum()
 
         def work() -> Any:

@@ -14,11 +14,14 @@ True
 
 from __future__ import annotations
 
+from fedweigh.client.flood import ASWStep, OODScoreStep
 from fedweigh.client.oui import OUIProbe
 from fedweigh.client.steps import ClientStep
 from fedweigh.client.ufl import UFLDropoutStep, UFLStep
 
-CLIENT_STEPS: dict[str, type[ClientStep]] = {step.name: step for step in (OUIProbe, UFLStep, UFLDropoutStep)}
+CLIENT_STEPS: dict[str, type[ClientStep]] = {
+    step.name: step for step in (OUIProbe, UFLStep, UFLDropoutStep, ASWStep, OODScoreStep)
+}
 """Every client step's class, by name."""
 
 

@@ -180,6 +180,7 @@ class EvalStats:
     accuracy: float
     num_examples: int
     macro_f1: float = float("nan")
+    prediction_share: float = float("nan")  # of the most often predicted class: 1.0 when one class is predicted for all
 
 
 @torch.no_grad()
@@ -200,8 +201,12 @@ def evaluate(
         predictions.append(predicted.cpu())
         targets.append(labels.cpu())
     count = len(data)
-    f1 = macro_f1(torch.cat(predictions), torch.cat(targets)) if count else float("nan")
-    return EvalStats(loss=loss_sum / count, accuracy=correct / count, num_examples=count, macro_f1=f1)
+    predicted_all = torch.cat(predictions) if count else torch.empty(0, dtype=torch.long)
+    f1 = macro_f1(predicted_all, torch.cat(targets)) if count else float("nan")
+    share = float(torch.bincount(predicted_all).max()) / count if count else float("nan")
+    return EvalStats(
+        loss=loss_sum / count, accuracy=correct / count, num_examples=count, macro_f1=f1, prediction_share=share
+    )
 
 
 def macro_f1(predicted: torch.Tensor, target: torch.Tensor) -> float:

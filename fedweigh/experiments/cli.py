@@ -122,6 +122,13 @@ def add_experiment_parser(subparsers: argparse._SubParsersAction) -> None:
             help="a run-config value for every run, e.g. --set fraction-train=0.2 (repeatable; "
             "wins over the file's base and arm overrides)",
         )
+        sub.add_argument(
+            "--report-dir",
+            type=Path,
+            default=None,
+            help="where results.csv, summary.md and plots/ go (default: the output dir), e.g. docs/results/<name> "
+            "to publish them; the runs and their logs stay in the output dir",
+        )
         sub.add_argument("--app", type=Path, default=None, help="Flower app dir (default: cwd, else fedweigh's)")
         if name == "run":
             sub.add_argument("--dry-run", action="store_true", help="validate and show the plan; run nothing")
@@ -150,7 +157,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     try:
         if args.experiment_command == "report":
-            report = write_report(experiment, runs, output_dir)
+            report = write_report(experiment, runs, args.report_dir or output_dir)
             print(f"wrote {report.results_csv} and {report.summary_md} ({len(report.plots)} plots)")
             return 0
         todo = [plan for plan in plans if plan.action is not Action.SKIP]
@@ -168,7 +175,9 @@ def run_command(args: argparse.Namespace) -> int:
                 print(f"fedweigh: {problem}", file=sys.stderr)
             return 2 if problems else 0
         started = time.monotonic()
-        outcome = run_experiment(experiment, output_dir, app, defaults, port=args.port, echo=args.echo)
+        outcome = run_experiment(
+            experiment, output_dir, app, defaults, port=args.port, echo=args.echo, report_dir=args.report_dir
+        )
     except SamplingMismatchError as err:
         print(f"fedweigh: {err}", file=sys.stderr)
         return 1

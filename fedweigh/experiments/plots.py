@@ -29,6 +29,7 @@ from matplotlib.ticker import MaxNLocator
 
 from fedweigh.experiments.runs import RunResult
 from fedweigh.experiments.spec import Experiment
+from fedweigh.protocol import REPLY_KEYS, TRAIN_SECONDS
 
 __all__ = [
     "NOT_SIGNALS",
@@ -43,9 +44,7 @@ __all__ = [
     "signal_keys",
 ]
 
-NOT_SIGNALS = frozenset(
-    {"partition", "node", "num_examples", "num-examples", "partition-id", "weight", "train-seconds", "train_loss"}
-)
+NOT_SIGNALS = frozenset({"partition", "node", "num_examples", "weight", "staleness", *REPLY_KEYS, TRAIN_SECONDS})
 """Client-record keys that are bookkeeping, not a strategy's signal (``train_loss`` is one only for loss rules)."""
 
 UNCERTAINTY_PERCENTILES = ("u-p50", "u-p90", "u-p95", "u-p99")

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from fedweigh.experiments.grid import PlannedRun
-from fedweigh.experiments.runs import RunResult, collect_results
+from fedweigh.experiments.runs import COLLAPSE_ROUNDS, COLLAPSE_SHARE, OTHER_SCORES, RunResult, collect_results
 from fedweigh.experiments.spec import SCORE_NAMES, Experiment, Reported
 
 __all__ = [
@@ -58,7 +58,10 @@ CSV_COLUMNS = (
     "best_accuracy",
     "mean_accuracy",
     "auc_accuracy",
+    "last10_accuracy",
     "final_loss",
+    *OTHER_SCORES,
+    "collapse",
     "wall_seconds",
     "server_seconds",
     "run_dir",
@@ -151,6 +154,7 @@ class ArmSummary:
     finished: int
     planned: int
     scores: dict[str, tuple[float, float | None]]
+    others: dict[str, tuple[float, float | None]]
     wall_seconds: float | None
     paper: Mapping[str, Reported]
 
@@ -162,6 +166,13 @@ def summarize_arms(experiment: Experiment, results: Sequence[RunResult]) -> list
         mine = [r for r in results if r.run.arm == arm.name]
         done = [r for r in mine if r.finished]
         scores = {name: mean_std([r.scores.get(name) for r in done]) for name in SCORE_NAMES} if done else {}
+        others = {
+            name: mean_std([r.others[name] for r in done])
+            for name in OTHER_SCORES
+            if done and all(name in r.others for r in done)
+        }
+        if done and all(isinstance(r.final_loss, int | float) for r in done):
+            others["final_loss"] = mean_std([r.final_loss for r in done])
         walls = [r.wall_seconds for r in done if r.wall_seconds is not None]
         summaries.append(
             ArmSummary(
@@ -170,6 +181,7 @@ def summarize_arms(experiment: Experiment, results: Sequence[RunResult]) -> list
                 finished=len(done),
                 planned=len(mine),
                 scores=scores,
+                others=others,
                 wall_seconds=float(np.mean(walls)) if walls else None,
                 paper=dict(arm.paper),
             )
@@ -177,7 +189,7 @@ def summarize_arms(experiment: Experiment, results: Sequence[RunResult]) -> list
     return summaries
 
 
-_HEADINGS = {"final": "final", "best": "best", "mean": "mean over rounds", "auc": "AUC"}
+_HEADINGS = {"final": "final", "best": "best", "mean": "mean over rounds", "auc": "AUC", "last": "last 10 rounds"}
 
 
 def _format_score(value: tuple[float, float | None] | None) -> str:
@@ -228,6 +240,16 @@ def render_summary(
         cells.append("–" if summary.wall_seconds is None else f"{summary.wall_seconds:.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    if any(summary.others for summary in summaries):
+        lines.append("Macro-F1 and test loss (mean over rounds and final):")
+        lines.append("")
+        header = ["arm", "macro-F1, mean", "macro-F1, final", "loss, mean", "loss, final"]
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "---|" * len(header))
+        for summary in summaries:
+            names = ("mean_macro_f1", "final_macro_f1", "mean_loss", "final_loss")
+            lines.append(f"| {summary.arm} | " + " | ".join(_format_score(summary.others.get(n)) for n in names) + " |")
+        lines.append("")
     if has_paper:
         source = f": {spec.paper_source}" if spec.paper_source else ""
         lines.append(f"(paper ...) = the numbers the paper reports{source}.")
@@ -238,6 +260,14 @@ def render_summary(
     lines.append(f"Client sampling: {verdict}.")
     lines += [f"- {line}" for line in sampling.lines]
     lines.append("")
+    collapsed = [r for r in results if r.collapse is not None]
+    if collapsed:
+        lines.append(
+            f"Collapses (the global model predicted one class for at least {COLLAPSE_SHARE:.0%} of the test set, "
+            f"on average over {COLLAPSE_ROUNDS} rounds in a row):"
+        )
+        lines += [f"- {r.run.name}: {r.collapse}" for r in collapsed]
+        lines.append("")
     unfinished = [r for r in results if not r.finished]
     if unfinished:
         lines.append("Not in the table (not finished):")

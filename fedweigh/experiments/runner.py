@@ -240,6 +240,7 @@ def run_experiment(
     echo: bool = False,
     out: TextIO | None = None,
     simulation: Any = None,
+    report_dir: Path | None = None,
 ) -> GridOutcome:
     """Run every (arm, seed) that is not done yet, then write the report.
 
@@ -248,6 +249,9 @@ def run_experiment(
     simulation : LocalSimulation, optional
         An already started simulation to submit to (tests share one);
         otherwise one is started on ``port`` for the grid and stopped after.
+    report_dir : Path, optional
+        Where ``results.csv``, ``summary.md`` and ``plots/`` go (default:
+        ``output_dir``; the runs and their logs stay there).
     """
     from fedweigh.launch.connection import DEFAULT_CONNECTION
     from fedweigh.launch.simulation import LocalSimulation
@@ -320,5 +324,5 @@ def run_experiment(
             if own:
                 sim.stop()
             launcher_log.close()
-    report = write_report(experiment, runs, output_dir)
+    report = write_report(experiment, runs, report_dir or output_dir)
     return GridOutcome(tuple(plans), tuple(failed), report)

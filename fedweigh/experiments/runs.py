@@ -7,7 +7,13 @@ Per run, from the central test accuracy ``acc_1 .. acc_T`` of its rounds:
 * **mean** = ``mean_t acc_t`` (the FedNolowe paper's tables report this);
 * **AUC** = trapezoid of ``acc_1 .. acc_T`` with unit spacing, divided by
   ``T - 1`` (the FedOUI paper's definition; a mean-like number in [0, 1]);
-  for ``T = 1`` it is ``acc_1``.
+  for ``T = 1`` it is ``acc_1``;
+* **last** = the mean over the last :data:`LAST_ROUNDS` rounds (all of them
+  in a shorter run; FLood's paper reports the mean over its last 50 of 2,000).
+
+Beside them, from the same rounds: the macro-F1 (final and mean over rounds)
+and the test loss (final and mean over rounds), as the FedNolowe paper reports
+its metrics.
 
 :func:`collect_results` reads every planned run's folder into a
 :class:`RunResult`; the report (:mod:`fedweigh.experiments.report`) and the
@@ -34,6 +40,92 @@ import numpy as np
 from fedweigh.experiments.grid import PlannedRun, read_run_record
 from fedweigh.results import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, read_metrics
 
+COLLAPSE_SHARE = 0.9
+"""A collapsed model predicts its most frequent class for at least this share of the test set, on average."""
+COLLAPSE_ROUNDS = 5
+"""... over this many rounds in a row (the whole run, if it is shorter).
+
+Under strong label skew a single round's model can predict one class and the
+next round's recover (FedAvg with 5 of 20 Dirichlet-0.1 clients does, its
+5-round means stay near 0.75-0.8); a collapsed model stays there, up to a
+stray round.
+"""
+
+
+@dataclass(frozen=True)
+class Collapse:
+    """When a run's global model collapsed to predicting one class.
+
+    Attributes
+    ----------
+    round : int
+        The first round of the first :data:`COLLAPSE_ROUNDS`-round window
+        whose models predicted one class for at least :data:`COLLAPSE_SHARE`
+        of the test set on average.
+    accuracy : float
+        Its accuracy then.
+    lam : float or None
+        FLood's λ(t) in that round, when the run had one.
+    recovered : bool
+        Whether the run's last window was no longer collapsed.
+    """
+
+    round: int
+    accuracy: float
+    lam: float | None
+    recovered: bool
+
+    def __str__(self) -> str:
+        lam = "" if self.lam is None else f", λ = {self.lam:.4g}"
+        return (
+            f"round {self.round} (accuracy {self.accuracy:.4f}{lam}); {'recovered' if self.recovered else 'to the end'}"
+        )
+
+
+def find_collapse(rows: Sequence[dict[str, Any]]) -> Collapse | None:
+    """The first window of rounds whose models predicted one class for (almost) everything, if any.
+
+    >>> share = [0.2, 1.0, 0.3, 0.95, 0.99, 1.0, 0.8, 0.92, 0.97, 1.0]  # round 2 alone is no collapse
+    >>> rows = [{"round": r, "accuracy": 0.1, "prediction_share": s, "diagnostics": {"asw-lambda": 10.0 * r}}
+    ...         for r, s in enumerate(share, start=1)]
+    >>> str(find_collapse(rows))
+    'round 4 (accuracy 0.1000, λ = 40); to the end'
+    """
+    shares = [row.get("prediction_share") for row in rows]
+    if not rows or not all(isinstance(share, int | float) for share in shares):
+        return None
+    width = min(COLLAPSE_ROUNDS, len(rows))
+
+    def collapsed(start: int) -> bool:
+        return float(np.mean(shares[start : start + width])) >= COLLAPSE_SHARE
+
+    for start in range(len(rows) - width + 1):
+        if collapsed(start):
+            row = rows[start]
+            lam = (row.get("diagnostics") or {}).get("asw-lambda")
+            return Collapse(int(row["round"]), float(row["accuracy"]), lam, not collapsed(len(rows) - width))
+    return None
+
+
+OTHER_SCORES = ("final_macro_f1", "mean_macro_f1", "mean_loss")
+"""Scores of a run besides accuracy (columns of ``results.csv``)."""
+
+
+def other_scores(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Final and mean-over-rounds macro-F1 and mean test loss of a run's rounds (a score is left out when missing).
+
+    >>> other_scores([{"macro_f1": 0.4, "loss": 2.0}, {"macro_f1": 0.6, "loss": 1.0}])
+    {'final_macro_f1': 0.6, 'mean_macro_f1': 0.5, 'mean_loss': 1.5}
+    """
+    f1 = [row.get("macro_f1") for row in rows]
+    loss = [row.get("loss") for row in rows]
+    scores: dict[str, float] = {}
+    if f1 and all(isinstance(value, int | float) for value in f1):
+        scores["final_macro_f1"], scores["mean_macro_f1"] = float(f1[-1]), float(np.mean(f1))
+    if loss and all(isinstance(value, int | float) for value in loss):
+        scores["mean_loss"] = float(np.mean(loss))
+    return scores
+
 
 def accuracy_auc(accuracies: Sequence[float]) -> float:
     """Trapezoid over rounds ``1..T`` (unit spacing) divided by ``T - 1``; ``acc_1`` when ``T = 1``.
@@ -57,10 +149,15 @@ class RunScores:
     best: float
     mean: float
     auc: float
+    last: float
     rounds: int
 
     def get(self, name: str) -> float:
         return float(getattr(self, name))
+
+
+LAST_ROUNDS = 10
+"""The ``last`` score averages the accuracy of this many final rounds."""
 
 
 def run_scores(accuracies: Sequence[float]) -> RunScores:
@@ -69,7 +166,12 @@ def run_scores(accuracies: Sequence[float]) -> RunScores:
     if not values:
         raise ValueError("run_scores needs at least one round")
     return RunScores(
-        final=values[-1], best=max(values), mean=float(np.mean(values)), auc=accuracy_auc(values), rounds=len(values)
+        final=values[-1],
+        best=max(values),
+        mean=float(np.mean(values)),
+        auc=accuracy_auc(values),
+        last=float(np.mean(values[-LAST_ROUNDS:])),
+        rounds=len(values),
     )
 
 
@@ -82,6 +184,8 @@ class RunResult:
     rows: list[dict[str, Any]] = field(default_factory=list)
     scores: RunScores | None = None
     final_loss: float | None = None
+    others: dict[str, float] = field(default_factory=dict)  # OTHER_SCORES
+    collapse: Collapse | None = None
     wall_seconds: float | None = None
     server_seconds: float | None = None
     settings: dict[str, Any] = field(default_factory=dict)
@@ -104,7 +208,10 @@ class RunResult:
             "best_accuracy": _cell(scores.best if scores else None),
             "mean_accuracy": _cell(scores.mean if scores else None),
             "auc_accuracy": _cell(scores.auc if scores else None),
+            "last10_accuracy": _cell(scores.last if scores else None),
             "final_loss": _cell(self.final_loss),
+            **{name: _cell(self.others.get(name)) for name in OTHER_SCORES},
+            "collapse": "" if self.collapse is None else str(self.collapse),
             "wall_seconds": _cell(self.wall_seconds, 2),
             "server_seconds": _cell(self.server_seconds, 2),
             "run_dir": str(self.run.run_dir),
@@ -154,5 +261,7 @@ def collect_results(runs: Sequence[PlannedRun]) -> list[RunResult]:
         if complete:
             result.scores = run_scores(accuracies)
             result.final_loss = rows[-1].get("loss")
+            result.others = other_scores(rows)
+        result.collapse = find_collapse(rows)
         results.append(result)
     return results

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from fedweigh.protocol import TRAIN_LOSS
 from fedweigh.rules.base import ComplementShareRule, SampleCountRule, UniformRule, WeightingRule
+from fedweigh.rules.dac import DACRule
 from fedweigh.rules.fedalign import AlignmentRule
 from fedweigh.rules.fednolowe import LossDeviationRule
 from fedweigh.rules.fedoui import OUIBetaRule
@@ -87,6 +88,12 @@ RULES: dict[str, RuleSpec] = {
             "FedAsl: w ∝ 1/distance of the loss from the round's median",
         ),
         RuleSpec("uagg", lambda settings: u_agg_rule(settings.uagg), "uagg", "U-Agg: w = (1 − U_k/ΣU)/(K−1)"),
+        RuleSpec(
+            "dac",
+            lambda settings: DACRule(settings.dac.alpha, settings.dac.mapping, settings.dac.temperature),
+            "dac",
+            "FLood's DAC: w = (n_k/Σn + α·share of the OOD score φ_k)/(1 + α)",
+        ),
     )
 }
 """Every aggregation rule, by name."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,13 +36,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from fedweigh.protocol import ARRAYS, CONFIG, SERVER_ROUND, ConfigValue
+from fedweigh.protocol import ARRAYS, CONFIG, SERVER_ROUND, TRAIN_LOSS, ConfigValue
 from fedweigh.rules.base import RoundSignals, RuleOutcome, WeightingRule
 from fedweigh.strategies.aggregation import NamedArrays, all_finite, decode, encode
 from fedweigh.strategies.replies import ClientReply, valid_replies
 from fedweigh.strategies.sampling import NodeDirectory, sample_nodes, sample_size
 from fedweigh.strategies.schedules import Schedule
-from fedweigh.strategies.updates import RoundUpdate, ServerUpdate, WeightedMean
+from fedweigh.strategies.updates import RoundUpdate, ServerUpdate, WeightedMean, as_current
 
 logger = logging.getLogger("flwr.fedweigh")
 
@@ -182,7 +182,7 @@ class WeightedFedAvg(FedAvg):
             raise RuntimeError(f"round {current} is aggregated but was never configured")
         replies = list(replies)
         origin = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent if m.metadata.message_id}
-        oldest = min((r for r in self.global_models if r >= current - self.max_staleness), default=current)
+        oldest = min(self.global_models)  # configure_train keeps the last max_staleness rounds' models
         accepted, rejected = valid_replies(current, replies, reference, self.rule.signals, origin, oldest)
         rejected.update(_unanswered(current, origin, replies))
         record.left_out = {str(self.directory.partition_of.get(n, n)): why for n, why in rejected.items()}
@@ -193,24 +193,22 @@ class WeightedFedAvg(FedAvg):
         accepted.sort(key=lambda reply: (reply.partition_id, reply.node_id))
 
         sizes = np.array([reply.num_examples for reply in accepted], dtype=np.float64)
-        round_update = RoundUpdate(
-            server_round=current,
-            global_model=reference,
-            models=[reply.arrays for reply in accepted],
-            model_rounds=[reply.model_round for reply in accepted],
-            weights=np.full(len(accepted), 1.0 / len(accepted)),  # replaced by the rule's below
-            num_examples=sizes,
-            start_models={r: self.global_models[r] for r in {reply.model_round for reply in accepted}},
-            server_data=self.server_data,
-        )
+        models = [reply.arrays for reply in accepted]
+        model_rounds = [reply.model_round for reply in accepted]
+        start_models = {r: self.global_models[r] for r in set(model_rounds)}
         values: dict[str, np.ndarray] = {
             key: np.array([reply.signals[key] for reply in accepted], dtype=np.float64) for key in self.rule.signals
         }
-        values.update(self.rule.derive_signals(round_update.current_models(), reference, sizes))
+        derived_from = as_current(models, model_rounds, current, reference, start_models)
+        values.update(self.rule.derive_signals(derived_from, reference, sizes))
         outcome = self.rule(RoundSignals(num_examples=sizes, values=values))
         _check_weights(outcome, len(accepted), self.rule.name)
 
-        averaged = self.update(replace(round_update, weights=outcome.weights, signals=values))
+        averaged = self.update(
+            RoundUpdate(
+                current, reference, models, model_rounds, outcome.weights, sizes, values, start_models, self.server_data
+            )
+        )
         if not all_finite(averaged):
             logger.warning("round %d: the new model is not finite; the global model stays as it was", current)
             return None, None
@@ -220,7 +218,7 @@ class WeightedFedAvg(FedAvg):
         record.clients = [_client_entry(index, reply, current, outcome, values) for index, reply in enumerate(accepted)]
         metrics = MetricRecord(
             {
-                "train_loss": float(np.dot(sizes, [r.train_loss for r in accepted]) / sizes.sum()),
+                TRAIN_LOSS: float(np.dot(sizes, [r.train_loss for r in accepted]) / sizes.sum()),
                 "num-clients": len(accepted),
                 "num-left-out": len(rejected),
             }
@@ -255,7 +253,7 @@ def _client_entry(
         "partition": reply.partition_id,
         "node": reply.node_id,
         "num_examples": reply.num_examples,
-        "train_loss": reply.train_loss,
+        TRAIN_LOSS: reply.train_loss,
         "weight": float(outcome.weights[index]),
         "staleness": server_round - reply.model_round,
     }

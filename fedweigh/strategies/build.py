@@ -22,7 +22,7 @@ from fedweigh.protocol import CLIENT_STEPS, STEPS, ConfigValue, TrainRecipe, tab
 from fedweigh.rules.registry import RULES
 from fedweigh.settings import Settings
 from fedweigh.strategies.base import WeightedFedAvg
-from fedweigh.strategies.schedules import LearningRateDecay
+from fedweigh.strategies.schedules import STEP_SCHEDULES, LearningRateDecay
 from fedweigh.strategies.updates import UPDATES
 
 
@@ -46,7 +46,10 @@ def build_strategy(settings: Settings, round_offset: int = 0, server_data: objec
         RULES[plan.rule].build(settings),
         train_instruction(settings, plan),
         update=UPDATES[plan.update](),
-        schedules=[LearningRateDecay(settings.learning_rate, settings.lr_decay)],
+        schedules=[
+            LearningRateDecay(settings.learning_rate, settings.lr_decay),
+            *(STEP_SCHEDULES[name](settings) for name in plan.step_names if name in STEP_SCHEDULES),
+        ],
         max_staleness=settings.max_staleness,
         server_data=server_data,
         seed=settings.seed,

@@ -28,10 +28,9 @@ import numpy as np
 from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-logger = logging.getLogger("flwr.fedweigh")
+from fedweigh.protocol import NUM_PARTITIONS, PARTITION_ID
 
-PARTITION_ID = "partition-id"
-NUM_PARTITIONS = "num-partitions"
+logger = logging.getLogger("flwr.fedweigh")
 
 
 def sample_partitions(seed: int, server_round: int, partitions: Iterable[int], sample_size: int) -> list[int]:

@@ -82,13 +82,22 @@ class RoundUpdate:
     server_data: object | None = None
 
     def current_models(self) -> list[NamedArrays]:
-        """Every reply as a model of this round: stale ones rebased (:func:`rebase`), fresh ones as they are."""
-        return [
-            model
-            if model_round == self.server_round
-            else rebase(model, self.start_models[model_round], self.global_model)
-            for model, model_round in zip(self.models, self.model_rounds, strict=True)
-        ]
+        """Every reply as a model of this round (see :func:`as_current`)."""
+        return as_current(self.models, self.model_rounds, self.server_round, self.global_model, self.start_models)
+
+
+def as_current(
+    models: Sequence[NamedArrays],
+    model_rounds: Sequence[int],
+    server_round: int,
+    global_model: NamedArrays,
+    start_models: Mapping[int, NamedArrays],
+) -> list[NamedArrays]:
+    """Replies as models of ``server_round``: stale ones rebased (:func:`rebase`), fresh ones as they are."""
+    return [
+        model if model_round == server_round else rebase(model, start_models[model_round], global_model)
+        for model, model_round in zip(models, model_rounds, strict=True)
+    ]
 
 
 def rebase(model: NamedArrays, start: NamedArrays, current: NamedArrays) -> dict[str, np.ndarray]:
