@@ -110,7 +110,7 @@ def pseudo_ood_mask(scores: torch.Tensor, q: float) -> torch.Tensor:
     Without ties exactly ``⌊q (B − 1)⌋`` samples are marked; with ties fewer
     (every sample equal to the threshold counts as in-distribution).
     """
-    threshold = torch.sort(scores).values[lower_quantile_index(len(scores), q)]
+    threshold = torch.kthvalue(scores, lower_quantile_index(len(scores), q) + 1).values
     return scores < threshold
 
 
@@ -150,22 +150,22 @@ class ASWWeighting:
 
     def __init__(self, score: ScoreFunction, q: float, lam: float, mask: str = "scores") -> None:
         self.score, self.q, self.lam, self.mask = score, q, lam, mask
-        self.marked = 0
+        self.marked: torch.Tensor | int = 0  # a device tensor once training runs: no host sync per batch
         self.seen = 0
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             marked = pseudo_ood_mask(self.score(logits.detach()), self.q)
             weights = torch.where(marked, torch.full_like(marked, self.lam, dtype=logits.dtype), 1.0)
-        self.marked += int(marked.sum())
+        self.marked = self.marked + marked.sum()
         self.seen += len(labels)
         if self.mask == "uniform":
-            return torch.full_like(weights, float(weights.mean()))
+            return weights.mean().expand_as(weights)
         return weights
 
     @property
     def pseudo_ood_fraction(self) -> float:
-        return self.marked / self.seen if self.seen else 0.0
+        return float(self.marked) / self.seen if self.seen else 0.0
 
 
 class ASWStep(ClientStep):
