@@ -59,6 +59,7 @@ CSV_COLUMNS = (
     "mean_accuracy",
     "auc_accuracy",
     "last10_accuracy",
+    "late_max_accuracy",
     "final_loss",
     *OTHER_SCORES,
     "collapse",
@@ -67,8 +68,9 @@ CSV_COLUMNS = (
     "run_dir",
 )
 
-# Settings that change which clients a round samples; arms differing in them are not paired.
-SAMPLING_SETTINGS = ("fraction-train", "min-train-nodes")
+# Settings that change which clients a round samples; arms differing in them are not paired
+# (simulated delays decide which clients are in flight, and so not sampled).
+SAMPLING_SETTINGS = ("fraction-train", "min-train-nodes", "delay-std")
 
 
 class SamplingMismatchError(RuntimeError):
@@ -110,11 +112,12 @@ def _sampling_group(result: RunResult) -> tuple[Any, ...]:
 def check_sampling(results: Sequence[RunResult]) -> SamplingCheck:
     """Compare the ``sampled`` partitions of every round across the arms of each seed.
 
-    Arms whose sampling settings (``fraction-train``, ``min-train-nodes``)
-    differ are compared only within their own group. Runs that are not
-    finished are left out.
+    Arms whose sampling settings (``fraction-train``, ``min-train-nodes``,
+    ``delay-std``) differ are compared only within their own group. Runs that
+    are not finished, and runs that sample no client at all (Center trains on
+    the server's data alone), are left out.
     """
-    finished = [r for r in results if r.finished]
+    finished = [r for r in results if r.finished and any(row.get("sampled") for row in r.rows)]
     seeds = sorted({r.run.seed for r in finished})
     ok, lines = True, []
     for seed in seeds:
@@ -189,7 +192,14 @@ def summarize_arms(experiment: Experiment, results: Sequence[RunResult]) -> list
     return summaries
 
 
-_HEADINGS = {"final": "final", "best": "best", "mean": "mean over rounds", "auc": "AUC", "last": "last 10 rounds"}
+_HEADINGS = {
+    "final": "final",
+    "best": "best",
+    "mean": "mean over rounds",
+    "auc": "AUC",
+    "last": "last 10 rounds",
+    "late-max": "best of last 5 every 10",
+}
 
 
 def _format_score(value: tuple[float, float | None] | None) -> str:

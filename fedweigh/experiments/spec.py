@@ -74,7 +74,7 @@ __all__ = [
     "parse_reported",
 ]
 
-SCORE_NAMES = ("final", "best", "mean", "auc", "last")
+SCORE_NAMES = ("final", "best", "mean", "auc", "last", "late-max")
 """The per-run accuracy scores a paper's numbers can be given for (see :mod:`.report`)."""
 
 RESERVED_KEYS = ("strategy", "seed", "output-dir", "run-name", "resume-from", "num-supernodes")
@@ -190,7 +190,9 @@ class ArmSpec(_Strict):
     strategy: str
     description: str = ""
     overrides: dict[str, Any] = Field(default_factory=dict)
-    paper: dict[Literal["final", "best", "mean", "auc", "last"], ReportedNumber] = Field(default_factory=dict)
+    paper: dict[Literal["final", "best", "mean", "auc", "last", "late-max"], ReportedNumber] = Field(
+        default_factory=dict
+    )
 
 
 class ExperimentSpec(_Strict):
