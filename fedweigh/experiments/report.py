@@ -270,13 +270,21 @@ def render_summary(
     lines.append(f"Client sampling: {verdict}.")
     lines += [f"- {line}" for line in sampling.lines]
     lines.append("")
-    collapsed = [r for r in results if r.collapse is not None]
-    if collapsed:
+    collapsed = [r for r in results if r.collapse is not None and not r.collapse.recovered]
+    recovered = [r for r in results if r.collapse is not None and r.collapse.recovered]
+    if collapsed or recovered:
         lines.append(
             f"Collapses (the global model predicted one class for at least {COLLAPSE_SHARE:.0%} of the test set, "
             f"on average over {COLLAPSE_ROUNDS} rounds in a row):"
         )
         lines += [f"- {r.run.name}: {r.collapse}" for r in collapsed]
+        if recovered:  # a young model often predicts one class for a round or two; only lasting collapses matter
+            first = sorted({r.collapse.round for r in recovered if r.collapse is not None})
+            start = f"round {first[0]}" if len(first) == 1 else f"rounds {first[0]}-{first[-1]}"
+            lines.append(
+                f"- {len(recovered)} run(s) collapsed for a while (starting in {start}) and recovered: "
+                + ", ".join(r.run.name for r in recovered)
+            )
         lines.append("")
     unfinished = [r for r in results if not r.finished]
     if unfinished:
