@@ -138,9 +138,14 @@ def load_other_dataset(location: str, size: int, seed: int, channels: int, image
         column, is empty, or has images that cannot take the clients' shape.
     """
     source = resolve_source(location)
-    train = load_train_split(source)
     prefix = f"server-data = {location!r}"
-    if train.num_rows == 0:
+    try:
+        train = load_train_split(source)
+    except ValueError as err:  # datasets refuses an empty split ("... corresponds to no data")
+        if "no data" not in str(err):
+            raise ValueError(f"{prefix}: its train split cannot be read ({err})") from None
+        train = None
+    if train is None or train.num_rows == 0:
         raise ValueError(f"{prefix}: its train split is empty; accepted: a dataset with labelled images")
     try:
         image_column = detect_image_column(train.features)
