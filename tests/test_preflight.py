@@ -158,7 +158,8 @@ def test_server_data_that_cannot_be_used_is_reported_with_the_data_check(tmp_pat
     for split in ("train", "test"):
         nothing.to_parquet(str(empty / f"{split}.parquet"))
     (problem,) = problems_of({"strategy": "feddle", "server-data": str(empty)}, 4)
-    assert problem == f"server-data = {str(empty)!r}: its train split is empty; accepted: a dataset with labelled images"
+    expected = "its train split is empty; accepted: a dataset with labelled images"
+    assert problem == f"server-data = {str(empty)!r}: {expected}"
     (problem,) = problems_of({"strategy": "feddle", "server-data": "id", "server-data-size": 360}, 4)
     assert "360 images cannot be held out of a test split of 360 images" in problem and "accepted: 1 to 359" in problem
 
