@@ -68,13 +68,19 @@ class ModelAtlas:
     """At most ``capacity`` anchors; adding to a full atlas evicts the least important one.
 
     ``fifo = True`` evicts the oldest instead (the paper's "Base" ablation).
+    The anchors live as the rows of one ``[capacity, d]`` tensor on
+    ``device``, allocated at the first update: an anchor is written into the
+    row of its slot, and :meth:`matrix` is a view, not a copy (with
+    ResNet-18, a copy of 20 anchors would be 0.9 GB every round).
     """
 
     capacity: int
     fifo: bool = False
+    device: torch.device | str = "cpu"
     anchors: list[Anchor] = field(default_factory=list)
     evictions: int = 0
     _arrivals: int = 0
+    _rows: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.anchors)
@@ -83,13 +89,18 @@ class ModelAtlas:
         """Store ``delta`` (a new, unscored anchor), evicting when the atlas is full (spec §3.2)."""
         if self.capacity < 1:
             raise ValueError(f"feddle.atlas-size = {self.capacity!r} is not accepted; accepted: an integer >= 1")
-        anchor = Anchor(delta.detach().to(torch.float32).flatten().clone(), order=self._arrivals, **where)
-        self._arrivals += 1
+        flat = delta.detach().flatten()
+        if self._rows is None or self._rows.shape != (self.capacity, flat.numel()):
+            self._rows = torch.zeros(self.capacity, flat.numel(), dtype=torch.float32, device=self.device)
         if len(self.anchors) < self.capacity:
-            self.anchors.append(anchor)
-            return
-        self.anchors[self._victim()] = anchor
-        self.evictions += 1
+            slot = len(self.anchors)
+            self.anchors.append(None)  # type: ignore[arg-type]  # filled below
+        else:
+            slot = self._victim()
+            self.evictions += 1
+        self._rows[slot].copy_(flat)
+        self.anchors[slot] = Anchor(self._rows[slot], order=self._arrivals, **where)
+        self._arrivals += 1
 
     def _victim(self) -> int:
         indices = range(len(self.anchors))
@@ -101,8 +112,15 @@ class ModelAtlas:
         return min(scored, key=lambda i: (self.anchors[i].score, self.anchors[i].order))  # ties: the oldest
 
     def matrix(self) -> torch.Tensor:
-        """The anchors as rows of a ``[|A|, d]`` matrix."""
-        return torch.stack([anchor.delta for anchor in self.anchors])
+        """The anchors as the rows of a ``[|A|, d]`` matrix (a view of the atlas's storage)."""
+        if self._rows is None:
+            raise ValueError("the atlas is empty")
+        return self._rows[: len(self.anchors)]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the anchors' storage takes."""
+        return 0 if self._rows is None else self._rows.element_size() * self._rows.numel()
 
     def score(self, coefficients: torch.Tensor) -> None:
         """After a search: each anchor's score becomes |ĉ_m|, and none is new any more."""
@@ -110,21 +128,30 @@ class ModelAtlas:
             anchor.score, anchor.new = abs(value), False
 
     def state(self) -> dict[str, Any]:
-        """Everything needed to continue after a restart (the checkpoint holds it)."""
+        """Everything needed to continue after a restart (the checkpoint holds it), on the CPU."""
         return {
             "capacity": self.capacity,
             "fifo": self.fifo,
             "evictions": self.evictions,
             "arrivals": self._arrivals,
             "anchors": [
-                {**{k: v for k, v in vars(a).items() if k != "delta"}, "delta": a.delta.clone()} for a in self.anchors
+                {**{k: v for k, v in vars(a).items() if k != "delta"}, "delta": a.delta.detach().cpu().clone()}
+                for a in self.anchors
             ],
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.evictions = int(state.get("evictions", 0))
+        entries = state.get("anchors", [])
+        self.anchors, self._rows = [], None
+        for entry in entries:
+            self.add(entry["delta"], **{k: v for k, v in entry.items() if k not in ("delta", "order", "score", "new")})
+            self.anchors[-1].order, self.anchors[-1].score, self.anchors[-1].new = (
+                entry["order"],
+                entry["score"],
+                entry["new"],
+            )
         self._arrivals = int(state.get("arrivals", 0))
-        self.anchors = [Anchor(**entry) for entry in state.get("anchors", [])]
 
 
 def median_norm_ratios(anchors: torch.Tensor, normalize: bool = True) -> torch.Tensor:

@@ -257,7 +257,7 @@ class FeddleUpdate(ServerUpdate):
         self.view = ParameterView(self.model)
         self.data = server_data
         self.options = options or SearchOptions()
-        self.atlas = ModelAtlas(capacity=atlas_size, fifo=fifo)
+        self.atlas = ModelAtlas(capacity=atlas_size, fifo=fifo, device=self.device)
         self.normalize = normalize
         self.server_lr = server_lr
         self.staleness_scaling = staleness_scaling
@@ -299,7 +299,7 @@ class FeddleUpdate(ServerUpdate):
         base = self.view.flatten(update.global_model)
         evicted_before = self.atlas.evictions
         for index, model in enumerate(update.models):
-            delta = self.view.flatten(model) - self.view.flatten(update.start_model(index))
+            delta = (self.view.flatten(model) - self.view.flatten(update.start_model(index))).to(self.device)
             self.atlas.add(
                 delta,
                 origin=update.partitions[index] if update.partitions else index,
@@ -307,7 +307,7 @@ class FeddleUpdate(ServerUpdate):
                 dispatch_round=update.model_rounds[index],
                 arrival_round=update.server_round,
             )
-        anchors = self.atlas.matrix().to(self.device)
+        anchors = self.atlas.matrix()
         ratios = median_norm_ratios(anchors.cpu(), self.normalize).to(self.device)
         fallback = fallback_coefficients(self.atlas.anchors, ratios.cpu(), self.server_lr, self.staleness_scaling).to(
             self.device
@@ -324,6 +324,7 @@ class FeddleUpdate(ServerUpdate):
         diagnostics.update(
             {
                 "atlas-size": len(self.atlas),
+                "atlas-mb": round(self.atlas.nbytes / 2**20, 3),
                 "evictions": self.atlas.evictions - evicted_before,
                 "new-anchors": len(update.models),
                 "coefficients": [round(float(c), 6) for c in coefficients.cpu()],
@@ -452,7 +453,3 @@ class FedBuffUpdate(FeddleUpdate):
         return update  # type: ignore[return-value]
 
 
-def atlas_bytes(update: ServerUpdate) -> int:
-    """Bytes the update's atlas holds (0 for other updates)."""
-    atlas = getattr(update, "atlas", None)
-    return sum(anchor.delta.element_size() * anchor.delta.numel() for anchor in atlas.anchors) if atlas else 0
