@@ -470,3 +470,24 @@ def test_a_run_whose_model_collapsed_is_named_with_the_round_and_lambda(tmp_path
     rows[2]["prediction_share"] = 0.5
     (folder / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
     assert "Collapses" not in write_report(experiment, runs, tmp_path, plots=False).summary_md.read_text()
+
+
+def test_an_arm_evaluated_every_few_rounds_with_feddles_record_is_scored_and_plotted(tmp_path):
+    experiment, runs = synthetic_grid(tmp_path)
+    for run in runs[1::2]:  # the second arm: as a Feddle run, evaluated in rounds 2 and 3 only
+        rows = [json.loads(line) for line in (run.run_dir / METRICS_FILE).read_text().splitlines()]
+        for row in rows:
+            row["diagnostics"] = {"coefficients": [0.5, -0.1, 0.2], "negative-coefficients": 1, "atlas-size": 3}
+            for client in row["clients"]:
+                client.pop("weight", None)  # Feddle's update uses no rule weights
+        for key in ("accuracy", "loss", "macro_f1"):
+            rows[0].pop(key)
+        (run.run_dir / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    results = collect_results(runs)
+    second = [r for r in results if r.run.arm == "fedoui"]
+    assert all(r.finished for r in results)
+    assert [r.scores.mean for r in second] == pytest.approx([(0.35 + 0.45) / 2, (0.5 + 0.65) / 2])
+    assert second[0].scores.late_max == pytest.approx(0.45) and second[0].scores.rounds == 3
+    names = {path.name for path in draw_all(experiment, results, tmp_path / "plots")}
+    assert "coefficients-fedoui.png" in names and "weights-fedoui.png" not in names and "weights-fedavg.png" in names
+    assert (tmp_path / "plots" / "coefficients-fedoui.png").read_bytes()[:8] == PNG_MAGIC

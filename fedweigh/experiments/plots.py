@@ -300,7 +300,7 @@ def plot_coefficients(runs: Sequence[RunResult], path: Path) -> Path:
             top.scatter([row["round"]] * len(values), values, s=4, color="tab:blue", alpha=0.35, linewidths=0)
     top.axhline(0.0, color="black", linewidth=0.6)
     top.set_ylabel("ĉ (normalised anchors)")
-    top.set_title(f"Merging coefficients per round ({first.run.run_name})")
+    top.set_title(f"Merging coefficients per round ({first.run.name})")
     for run in runs:
         points = [
             (row["round"], d["negative-coefficients"] / max(len(d["coefficients"]), 1))
