@@ -122,6 +122,14 @@ def test_command_line_overrides_of_seeds_and_rounds():
     assert all(config["num-server-rounds"] == 1 for config in experiment.arm_configs.values())
 
 
+def test_arms_keeps_only_the_named_arms_and_names_the_accepted_ones():
+    experiment = load_experiment(experiment_table(), DEFAULTS, arms=["fedoui"])
+    assert [arm.name for arm in experiment.arms] == ["fedoui"]
+    assert list(experiment.arm_configs) == ["fedoui"]
+    with pytest.raises(ExperimentError, match=r"unknown arm\(s\) fedprox; accepted: .*fedavg, fedoui"):
+        load_experiment(experiment_table(), DEFAULTS, arms=["fedavg", "fedprox"])
+
+
 def test_set_overrides_base_and_arm_overrides_and_is_checked():
     table = experiment_table()
     table["arms"][1]["overrides"]["fraction-train"] = 0.75
@@ -309,6 +317,18 @@ def test_progress_shows_runs_round_and_time_left(tmp_path):
     # two runs of 3 rounds left: 6 rounds x 2 s + 2 x the 29 s of fixed cost seen in the first run
     assert progress.seconds_left() == pytest.approx(6 * 2.0 + 2 * 29.0)
     assert parse_round_line("[ROUND 2/3]") is None
+
+
+def test_time_left_counts_the_rounds_between_lines_when_only_every_few_rounds_print(tmp_path):
+    _, runs = planned(tmp_path)
+    plans = plan_grid(runs)
+    now = [0.0]
+    progress = GridProgress(plans, out=io.StringIO(), clock=lambda: now[0])
+    progress.start_run(plans[0])
+    for round_number, at in ((10, 30.0), (20, 50.0), (30, 70.0)):  # evaluate-every = 10: 2 s a round
+        now[0] = at
+        progress.on_line(f"INFO :      [fedweigh] round {round_number}/30  accuracy 0.5  loss 1.0  1.9s")
+    assert progress.mean_round_seconds() == pytest.approx(2.0)
 
 
 # ------------------------------------------------------------------ report and plots
