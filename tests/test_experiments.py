@@ -511,3 +511,8 @@ def test_an_arm_evaluated_every_few_rounds_with_feddles_record_is_scored_and_plo
     names = {path.name for path in draw_all(experiment, results, tmp_path / "plots")}
     assert "coefficients-fedoui.png" in names and "weights-fedoui.png" not in names and "weights-fedavg.png" in names
     assert (tmp_path / "plots" / "coefficients-fedoui.png").read_bytes()[:8] == PNG_MAGIC
+    # the late-max column shows only where a paper reports that score; results.csv always has it
+    report = write_report(experiment, runs, tmp_path, plots=False)
+    assert "best of last 5" not in report.summary_md.read_text()
+    with report.results_csv.open() as handle:
+        assert float(next(r for r in csv.DictReader(handle) if r["arm"] == "fedoui")["late_max_accuracy"]) == 0.45

@@ -237,12 +237,15 @@ def render_summary(
     )
     lines.append("")
     has_paper = any(s.paper for s in summaries)
-    header = ["arm", "strategy", "runs", *(_HEADINGS[name] for name in SCORE_NAMES), "wall s/run"]
+    # the paper-specific score (Feddle's best of the last 5 evaluations) only where a paper reports it;
+    # results.csv has every score
+    shown = [name for name in SCORE_NAMES if name != "late-max" or any(name in s.paper for s in summaries)]
+    header = ["arm", "strategy", "runs", *(_HEADINGS[name] for name in shown), "wall s/run"]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "---|" * len(header))
     for summary in summaries:
         cells = [summary.arm, summary.strategy, f"{summary.finished}/{summary.planned}"]
-        for name in SCORE_NAMES:
+        for name in shown:
             cell = _format_score(summary.scores.get(name))
             if name in summary.paper:
                 cell += f" (paper {summary.paper[name]})"
