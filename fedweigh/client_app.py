@@ -25,6 +25,9 @@ The node's data comes from its node config, as set with
   ``train.parquet`` and ``test.parquet`` of the same kind of images as the
   run's ``dataset`` (classes, channels, size); all of its train split is this
   node's. An optional ``partition-id`` names the site in the results.
+
+``train-delay=<seconds>`` makes a node reply that much later, as a slow
+device would: a way to see a round close at its ``round-deadline``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 import zlib
 from types import SimpleNamespace
 
@@ -60,6 +64,7 @@ from fedweigh.protocol import (
     NUM_PARTITIONS,
     PARTITION_ID,
     SERVER_ROUND,
+    TRAIN_DELAY,
     TRAIN_LOSS,
     TRAIN_SECONDS,
     TrainRecipe,
@@ -223,6 +228,8 @@ def train(message: Message, context: Context) -> Message:
         context.state[OPTIMIZER_STATE] = ArrayRecord(stats.optimizer_state)
     for step in steps:
         signals.update(step.after_training(step_context))
+    if float(context.node_config.get(TRAIN_DELAY, 0)) > 0:  # a slow device, for testing round deadlines
+        time.sleep(float(context.node_config[TRAIN_DELAY]))
 
     metrics = MetricRecord(
         {

@@ -16,7 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedweigh.data.federated import DataSpec, dataset_info
+from fedweigh.data.federated import DataSpec, dataset_info, load_test_split
+from fedweigh.data.server import ServerData, hold_out, load_other_dataset
+from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
 from fedweigh.models import build_model
 from fedweigh.settings import Settings, validate
@@ -88,3 +90,33 @@ def new_model(settings: Settings) -> nn.Module:
 def batch_transform(settings: Settings) -> BatchTransform:
     """Normalisation (and, for training, the dataset's augmentation)."""
     return BatchTransform(dataset_info(settings.dataset), augment=settings.augment)
+
+
+def server_and_test_data(settings: Settings, num_partitions: int) -> tuple[ServerData | None, ImageTensors]:
+    """The server's own data (``server-data``; None without) and the images left to evaluate on.
+
+    In-distribution data is held out of the test split, which then evaluates
+    on the rest (``test-holdout`` leaves the same draw out without server
+    data); a dataset is loaded in the clients' input shape.
+
+    Raises
+    ------
+    ValueError
+        Naming ``server-data`` or ``server-data-size`` and what is accepted.
+    """
+    test = load_test_split(data_spec(settings, num_partitions))
+    in_distribution = settings.server_data == "id"
+    excluded = max(settings.test_holdout, settings.server_data_size if in_distribution else 0)
+    held, evaluation = hold_out(test, excluded, settings.data_seed) if excluded else (None, test)
+    info = dataset_info(settings.dataset)
+    if not settings.server_data:
+        return None, evaluation
+    if in_distribution:
+        assert held is not None
+        mine = held.subset(torch.arange(settings.server_data_size))
+        transform = BatchTransform(info, augment=settings.augment)
+        return ServerData("id", mine, info.num_classes, transform, "held out of the test split"), evaluation
+    other = load_other_dataset(
+        settings.server_data, settings.server_data_size, settings.data_seed, info.in_channels, info.image_size
+    )
+    return other, evaluation

@@ -42,7 +42,7 @@ class Method:
     proximal : bool
         Adds FedProx's proximal term (``fedprox.proximal-mu``) to local training.
     update : str
-        Its server update (a key of :data:`fedweigh.strategies.updates.UPDATES`).
+        Its server update (a key of :data:`fedweigh.strategies.registry.UPDATES`).
     meaning : str
         One line for the docs.
     """
@@ -68,6 +68,11 @@ METHODS: dict[str, Method] = {
         Method("ufl", "uagg", steps=("ufl",), meaning="UFL: uncertainty-weighted local loss, U-Agg weights"),
         Method("ufl-fedavg", "sample-count", steps=("ufl",), meaning="UFL's local loss with FedAvg's weights"),
         Method("flood", "dac", steps=("asw",), meaning="FLood: pseudo-OOD samples weighted by λ(t) (ASW), DAC weights"),
+        Method("feddle", "sample-count", update="feddle", meaning="Feddle: atlas merging searched on server data"),
+        Method("fedbuff", "sample-count", update="fedbuff", meaning="FedBuff: the mean update of the round's arrivals"),
+        Method("fedasync", "sample-count", update="fedasync", meaning="FedAsync: staleness-discounted mixing"),
+        Method("center", "sample-count", update="center", meaning="Center: trained on the server's data alone"),
+        Method("fedft", "sample-count", update="fedft", meaning="Fed+FT: FedAvg, then fine-tuned on server data"),
     )
 }
 """Every method, by ``strategy`` name."""

@@ -10,11 +10,14 @@ the setting, the value and what is accepted:
 1. types, ranges and names (:func:`parse_settings`, with the
    :class:`~fedweigh.settings.Catalog` of every registry);
 2. combinations (:func:`combination_problems`): an ``aggregation`` chosen
-   for a strategy whose server update ignores weights, and client steps that
-   cannot run on the chosen model (checked on the model built on PyTorch's
-   ``meta`` device: no memory, no weights);
-3. the data split, when the number of partitions is known
-   (:func:`data_problems`).
+   for a strategy whose server update ignores weights, a strategy without
+   the server data it needs, simulated delays that ``max-staleness`` would
+   leave out entirely, and client steps that cannot run on the chosen model
+   (checked on the model built on PyTorch's ``meta`` device: no memory, no
+   weights);
+3. the data, when the number of partitions is known (:func:`data_problems`):
+   the split, and the server's own data (found, labelled, not empty, and
+   brought to the clients' input shape).
 
 Example
 -------
@@ -30,13 +33,14 @@ oui.probe-layer = 'conv1' is not a submodule of DigitsMLP; accepted: flatten, fc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from fedweigh.client.registry import CLIENT_STEPS
-from fedweigh.components import data_spec, new_model
+from fedweigh.components import data_spec, new_model, server_and_test_data
 from fedweigh.data.federated import partition_sizes
 from fedweigh.data.sources import validate_dataset_setting
 from fedweigh.methods import METHODS, plan_run
@@ -45,7 +49,7 @@ from fedweigh.protocol import STEPS
 from fedweigh.rules.registry import RULES
 from fedweigh.settings import Catalog, Settings, SettingsError, validate
 from fedweigh.strategies.build import train_instruction
-from fedweigh.strategies.updates import UPDATES
+from fedweigh.strategies.registry import UPDATES
 
 
 def catalog() -> Catalog:
@@ -75,6 +79,13 @@ def combination_problems(settings: Settings) -> list[str]:
             f"its server update '{update.name}' does not use aggregation weights; accepted: aggregation = '' "
             "(the strategy's own)"
         )
+    problems += _server_data_problems(settings, update.name, update.server_data)
+    if settings.delay_std > 0 and settings.max_staleness == 0:
+        problems.append(
+            f"delay-std = {settings.delay_std!r} holds every reply back by a half-normal number of rounds, but "
+            "max-staleness = 0 leaves out every reply that arrives late; accepted: max-staleness >= 1 "
+            f"(about {math.ceil(3 * settings.delay_std)} keeps 99.7% of them)"
+        )
     try:
         RULES[plan.rule].build(settings)
     except ValueError as err:
@@ -93,8 +104,25 @@ def combination_problems(settings: Settings) -> list[str]:
     return problems
 
 
+def _server_data_problems(settings: Settings, update: str, kinds: tuple[str, ...]) -> list[str]:
+    """A strategy whose server update needs data of its own that the settings do not give it."""
+    if not kinds or (update == "feddle" and not settings.feddle.search):
+        return []
+    given = "id" if settings.server_data == "id" else ("ood" if settings.server_data else "")
+    if given in kinds:
+        return []
+    accepted = " or ".join(
+        {"id": "'id' (held out of the test split)", "ood": "a dataset (out-of-distribution)"}[kind] for kind in kinds
+    )
+    extra = "; or feddle.search = false (FedBuff's step)" if update == "feddle" else ""
+    return [
+        f"strategy = {settings.strategy!r} trains on the server's own data, but server-data = "
+        f"{settings.server_data!r}; accepted: server-data = {accepted}{extra}"
+    ]
+
+
 def data_problems(settings: Settings, num_partitions: int) -> list[str]:
-    """Why the data cannot be split ``num_partitions`` ways (empty when it can)."""
+    """Why the data cannot be split ``num_partitions`` ways, or the server's data not used (empty when fine)."""
     accepted = (
         "accepted: at most as many partitions as the training samples allow "
         "(fewer SuperNodes, a larger train-subset, partition-top-up = true, or a different partitioner)"
@@ -107,6 +135,11 @@ def data_problems(settings: Settings, num_partitions: int) -> list[str]:
     empty = [index for index, size in enumerate(sizes) if size == 0]
     if empty:
         return [f"{prefix} leaves partitions {empty[:10]} empty; {accepted}"]
+    if settings.server_data or settings.test_holdout:
+        try:
+            server_and_test_data(settings, num_partitions)
+        except ValueError as err:
+            return [str(err)]
     return []
 
 

@@ -153,6 +153,8 @@ NUM_PARTITIONS = "num-partitions"
 """Node-config key and ``query`` reply: how many partitions the federation has."""
 DATA_DIR = "data-dir"
 """Node-config key of a site that holds its own data folder."""
+TRAIN_DELAY = "train-delay"
+"""Node-config key: seconds a node waits after training before it replies, as a slow device would (for testing)."""
 
 
 # ---------------------------------------------------------------------------

@@ -101,6 +101,7 @@ class RunRecorder:
         self.started = time.perf_counter()
         self.last_mark = self.started
         self.accuracies: dict[int, float] = {}
+        self.last_round = 0
 
     def begin(
         self, settings: Mapping[str, Any], resumed_round: int, instruction: Mapping[str, Any] | None = None
@@ -130,6 +131,7 @@ class RunRecorder:
                 row = json.loads(line)
                 if row["round"] <= resumed_round:
                     kept.append(line)
+                    self.last_round = max(self.last_round, int(row["round"]))
                     if row.get("accuracy") is not None:
                         self.accuracies[row["round"]] = row["accuracy"]
         metrics.write_text("".join(line + "\n" for line in kept))
@@ -143,11 +145,15 @@ class RunRecorder:
             self.accuracies[row["round"]] = row["accuracy"]
         with (self.run_dir / METRICS_FILE).open("a") as handle:
             handle.write(json.dumps(_jsonable(row)) + "\n")
+        self.last_round = max(self.last_round, int(row["round"]))
+        if row.get("accuracy") is None:  # not an evaluation round (evaluate-every)
+            logger.info("[fedweigh] round %d/%d  %.1fs", row["round"], num_rounds, row["seconds"])
+            return
         logger.info(
             "[fedweigh] round %d/%d  accuracy %.4f  loss %.4f  %.1fs",
             row["round"],
             num_rounds,
-            row.get("accuracy", float("nan")),
+            row["accuracy"],
             row.get("loss", float("nan")),
             row["seconds"],
         )
@@ -159,7 +165,7 @@ class RunRecorder:
             "final_accuracy": final.get("accuracy"),
             "final_loss": final.get("loss"),
             "best_accuracy": max(self.accuracies.values()) if self.accuracies else None,
-            "rounds": max(self.accuracies) if self.accuracies else 0,
+            "rounds": self.last_round,
             "seconds": round(time.perf_counter() - self.started, 2),
             "run_dir": str(self.run_dir),
         }

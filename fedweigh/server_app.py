@@ -20,8 +20,8 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from fedweigh.client.training import evaluate
-from fedweigh.components import batch_transform, configure_torch, data_spec, new_model, resolve_device
-from fedweigh.data.federated import load_test_split
+from fedweigh.components import batch_transform, configure_torch, new_model, resolve_device, server_and_test_data
+from fedweigh.data.tensors import ImageTensors
 from fedweigh.models import on_device
 from fedweigh.preflight import check_run, data_problems
 from fedweigh.results import Checkpoint, RunRecorder, resolve_run_dir
@@ -29,6 +29,7 @@ from fedweigh.settings import Settings, SettingsError
 from fedweigh.strategies.aggregation import decode
 from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.build import build_strategy
+from fedweigh.strategies.sampling import NodeDirectory
 
 logger = logging.getLogger("flwr.fedweigh")
 
@@ -36,42 +37,50 @@ app = ServerApp()
 
 
 def central_evaluation(
-    settings: Settings, num_partitions: int, strategy: WeightedFedAvg, recorder: RunRecorder, run_dir: Path
+    settings: Settings, test: ImageTensors, strategy: WeightedFedAvg, recorder: RunRecorder, run_dir: Path
 ) -> Callable[[int, ArrayRecord], MetricRecord | None]:
-    """The ``evaluate_fn`` for ``Strategy.start``: test, record, checkpoint."""
+    """The ``evaluate_fn`` for ``Strategy.start``: test (every ``evaluate-every`` rounds), record, checkpoint."""
     device = resolve_device(settings.device)
     model = on_device(new_model(settings), device)
-    test = load_test_split(data_spec(settings, num_partitions))
     transform = batch_transform(settings)
 
     def evaluate_round(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         if server_round == 0:  # the initial model: not part of a round's record
             return None
         current = server_round + strategy.round_offset
-        model.load_state_dict(arrays.to_torch_state_dict())
-        result = evaluate(model, test, transform, device, settings.eval_batch_size)
         record = strategy.records.get(current)
         clients = record.clients if record else []
-        row = {
-            "round": current,
-            "accuracy": result.accuracy,
-            "loss": result.loss,
-            "macro_f1": result.macro_f1,
-            "prediction_share": result.prediction_share,
-            "train_loss": (
-                sum(c["train_loss"] * c["num_examples"] for c in clients) / sum(c["num_examples"] for c in clients)
-                if clients
-                else None
-            ),
-            "sampled": record.sampled if record else [],
-            "clients": clients,
-            "left_out": record.left_out if record else {},
-            "aggregated": record.aggregated if record else False,
-            "diagnostics": record.diagnostics if record else {},
-        }
+        row: dict[str, object] = {"round": current}
+        result = None
+        if current % settings.evaluate_every == 0 or current == settings.num_server_rounds:
+            model.load_state_dict(arrays.to_torch_state_dict())
+            result = evaluate(model, test, transform, device, settings.eval_batch_size)
+            row.update(
+                {
+                    "accuracy": result.accuracy,
+                    "loss": result.loss,
+                    "macro_f1": result.macro_f1,
+                    "prediction_share": result.prediction_share,
+                }
+            )
+        row.update(
+            {
+                "train_loss": (
+                    sum(c["train_loss"] * c["num_examples"] for c in clients) / sum(c["num_examples"] for c in clients)
+                    if clients
+                    else None
+                ),
+                "sampled": record.sampled if record else [],
+                "clients": clients,
+                "left_out": record.left_out if record else {},
+                "aggregated": record.aggregated if record else False,
+                "in_flight": record.in_flight if record else [],
+                "diagnostics": record.diagnostics if record else {},
+            }
+        )
         recorder.record_round(row, settings.num_server_rounds)
         Checkpoint(current, decode(arrays), strategy.state()).save(run_dir / "checkpoint.pt")
-        return MetricRecord({"accuracy": result.accuracy, "loss": result.loss})
+        return None if result is None else MetricRecord({"accuracy": result.accuracy, "loss": result.loss})
 
     return evaluate_round
 
@@ -98,13 +107,19 @@ def main(grid: Grid, context: Context) -> None:
             f"accepted: num-server-rounds above {start_round}"
         )
 
-    strategy = build_strategy(settings, round_offset=start_round)
-    if settings.resume_from:
-        strategy.load_state(checkpoint.strategy_state)
-    nodes = strategy.directory.await_federation(grid, settings.min_train_nodes)
-    num_partitions = strategy.directory.num_partitions or len(nodes)
+    directory = NodeDirectory()
+    nodes = directory.await_federation(grid, settings.min_train_nodes)
+    num_partitions = directory.num_partitions or len(nodes)
     if problems := data_problems(settings, num_partitions):
         raise SettingsError(problems)
+    server_data, test = server_and_test_data(settings, num_partitions)
+    if server_data is not None:
+        logger.info(
+            "[fedweigh] server data: %d images (%s, %s)", len(server_data), server_data.kind, server_data.source
+        )
+    strategy = build_strategy(settings, round_offset=start_round, server_data=server_data, directory=directory)
+    if settings.resume_from:
+        strategy.load_state(checkpoint.strategy_state)
 
     recorder = RunRecorder(run_dir)
     recorder.begin(settings.model_dump(by_alias=True), start_round, instruction=strategy.recipe)
@@ -113,7 +128,7 @@ def main(grid: Grid, context: Context) -> None:
         grid=grid,
         initial_arrays=initial,
         num_rounds=settings.num_server_rounds - start_round,
-        evaluate_fn=central_evaluation(settings, num_partitions, strategy, recorder, run_dir),
+        evaluate_fn=central_evaluation(settings, test, strategy, recorder, run_dir),
     )
 
     final_round = max(result.evaluate_metrics_serverapp, default=None)

@@ -178,6 +178,53 @@ class DACSettings(_Section):
     temperature: float = Field(1.0, gt=0.0, allow_inf_nan=False)  # of the softmax mapping
 
 
+class FedBuffSettings(_Section):
+    """``[fedbuff]``: FedBuff's server step, which is also Feddle's fallback (see :mod:`fedweigh.strategies.feddle`)."""
+
+    server_lr: float = Field(1.0, gt=0.0, allow_inf_nan=False)  # η_g: w += η_g · mean of the round's updates
+    staleness_scaling: bool = False  # weigh an update τ rounds old by 1/sqrt(1 + τ)
+
+
+class FeddleSettings(_Section):
+    """``[feddle]``: the model atlas and the coefficient search (see :mod:`fedweigh.strategies.feddle`)."""
+
+    atlas_size: int = Field(0, ge=0)  # M; 0: twice the clients sampled per round
+    eviction: Literal["importance", "fifo"] = "importance"  # which anchor a full atlas drops
+    normalize: bool = True  # rescale every anchor to the median anchor norm (Eq. 4)
+    init: Literal["fallback", "zero"] = "fallback"  # where the coefficient search starts
+    search: bool = True  # false: no search, the fallback (FedBuff) step itself
+    regularization: float = Field(0.01, ge=0.0, allow_inf_nan=False)  # λ of (λ/2)||c - c'||²
+    search_lr: float = Field(1e-3, gt=0.0, allow_inf_nan=False)
+    search_epochs: int = Field(10, ge=1)  # passes over in-distribution server data (OOD: the same number of steps)
+    search_batch_size: int = Field(64, ge=1)
+    search_optimizer: Literal["adam", "sgd"] = "adam"
+    max_coefficient: float = Field(0.0, ge=0.0, allow_inf_nan=False)  # clip |c| to this; 0: no clipping
+    head_lr: float = Field(1e-3, gt=0.0, allow_inf_nan=False)  # Adam on the OOD head θ
+
+
+class FedAsyncSettings(_Section):
+    """``[fedasync]``: FedAsync's staleness-discounted mixing, one arrival at a time."""
+
+    alpha: float = Field(0.4, gt=0.0, le=1.0)  # w ← (1 - α_τ) w + α_τ w_client
+    a: float = Field(0.5, ge=0.0, allow_inf_nan=False)  # α_τ = α (τ + 1)^(-a)
+
+
+class CenterSettings(_Section):
+    """``[center]``: the model trained on the server's data alone (Adam), ``epochs`` spread over the rounds."""
+
+    epochs: int = Field(50, ge=1)
+    learning_rate: float = Field(1e-3, gt=0.0, allow_inf_nan=False)
+    batch_size: int = Field(64, ge=1)
+
+
+class FedFTSettings(_Section):
+    """``[fedft]``: FedAvg, then ``epochs`` of fine-tuning on the server's data (fresh Adam) every round."""
+
+    epochs: int = Field(1, ge=1)
+    learning_rate: float = Field(1e-4, gt=0.0, allow_inf_nan=False)
+    batch_size: int = Field(64, ge=1)
+
+
 class Settings(_Section):
     """Every setting of a run; see the README for what each one does."""
 
@@ -190,6 +237,14 @@ class Settings(_Section):
     min_train_nodes: int = Field(2, ge=1)
     fraction_evaluate: float = Field(0.0, ge=0.0, le=1.0)
     max_staleness: int = Field(0, ge=0)  # rounds a reply's model may lag behind and still be used
+    # asynchrony: simulated (each reply held back a half-normal number of rounds) and real (a round's deadline)
+    delay_std: float = Field(0.0, ge=0.0, allow_inf_nan=False)  # σ of the half-normal delay, in rounds; 0: none
+    round_deadline: float = Field(0.0, ge=0.0, allow_inf_nan=False)  # seconds; 0: a round waits for every reply
+    min_round_replies: int = Field(1, ge=1)  # a round closes at its deadline once this many replies are in
+    # the server's own data: "" none, "id" (held out of the test split), or a dataset (out-of-distribution)
+    server_data: str = ""
+    server_data_size: int = Field(1000, ge=0)  # images the server holds; 0: a whole dataset
+    test_holdout: int = Field(0, ge=0)  # test images never evaluated on (the draw "id" server data comes from)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     output_dir: str = "outputs"
     run_name: str = ""
@@ -230,6 +285,7 @@ class Settings(_Section):
     # keep each client's optimizer state between the rounds it trains in (FedNolowe's code; spec A12)
     persist_optimizer_state: bool = False
     eval_batch_size: int = Field(512, ge=1)
+    evaluate_every: int = Field(1, ge=1)  # central evaluation every this many rounds (and after the last)
     # extra client steps on top of the strategy's and the rule's, comma-separated (e.g. "ufl-dropout")
     client_steps: str = ""
     # per-method tables
@@ -242,6 +298,11 @@ class Settings(_Section):
     uagg: UAggSettings = UAggSettings()
     flood: FLoodSettings = FLoodSettings()
     dac: DACSettings = DACSettings()
+    fedbuff: FedBuffSettings = FedBuffSettings()
+    feddle: FeddleSettings = FeddleSettings()
+    fedasync: FedAsyncSettings = FedAsyncSettings()
+    center: CenterSettings = CenterSettings()
+    fedft: FedFTSettings = FedFTSettings()
 
     @field_validator("strategy")
     @classmethod
@@ -261,6 +322,22 @@ class Settings(_Section):
         if unknown:
             raise ValueError(f"unknown client step(s) {unknown}; accepted: {', '.join(sorted(accepted or []))}")
         return value
+
+    @field_validator("server_data")
+    @classmethod
+    def _known_server_data(cls, value: str, info: ValidationInfo) -> str:
+        check = _catalog(info).dataset
+        if value in ("", "id") or check is None:
+            return value
+        try:
+            return check(value)
+        except ValueError as err:  # the dataset check names "dataset"; say it of server-data instead
+            text = str(err)
+            reason = text.split(": ", 1)[1] if text.startswith("invalid setting dataset") else text
+            reason, _, datasets = reason.partition("; accepted: ")
+            raise ValueError(
+                f"{reason}; accepted: '' (none), 'id' (held out of the test split), or a dataset ({datasets})"
+            ) from None
 
     @field_validator("model")
     @classmethod

@@ -10,7 +10,9 @@ host of its own. Where namespaces are not permitted the same topology runs on
 127.0.0.1 and the test says so with a :class:`LoopbackFallbackWarning`.
 
 Order matters and pytest keeps it: the refused nodes first, then a complete
-run, then a run during which a SuperNode is killed.
+run, then a run during which a SuperNode is killed, then an asynchronous run
+whose rounds close at a deadline while a slow node (in place of the killed
+one) keeps training.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from fedweigh.results import read_metrics
 SUPERNODES = ["supernode-1", "supernode-2", "supernode-3"]
 STRANGER = "stranger"  # has a key, never registered
 NO_CA = "no-ca"  # registered, but does not trust the federation's CA
+SLOW = "slow"  # registered; replies 20 s after training, like a slow device
 RUN = {"strategy": "fedoui", "dataset": "digits", "seed": 2, "fraction-train": 1.0, "min-train-nodes": 2}
 RESULT_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "model.pt", "summary.json")
 
@@ -58,12 +61,12 @@ def federation(tmp_path_factory):
             ),
             stacklevel=1,
         )
-    topology = plan_topology([*SUPERNODES, STRANGER, NO_CA], isolated=permitted, tag=secrets.token_hex(3))
+    topology = plan_topology([*SUPERNODES, STRANGER, NO_CA, SLOW], isolated=permitted, tag=secrets.token_hex(3))
     network = VirtualNetwork(topology)
     fed = Federation(topology, tmp_path_factory.mktemp("deployment"))
     try:
         network.create()
-        fed.make_credentials([*SUPERNODES, STRANGER, NO_CA])
+        fed.make_credentials([*SUPERNODES, STRANGER, NO_CA, SLOW])
         fed.start_superlink()
         for name in [*SUPERNODES, NO_CA]:
             fed.register(name)
@@ -174,3 +177,34 @@ def test_run_completes_when_a_supernode_is_killed_mid_round(federation, output_d
     assert second["sampled"] == [0, 1] and second["left_out"] == {} and second["aggregated"]
     assert re.search(r"round 1: left out node \d+: the node left the federation", run.log)
     assert federation.node_states()[federation.node_ids["supernode-3"]] == "offline"
+
+
+def test_rounds_close_at_their_deadline_and_a_slow_node_s_update_joins_a_later_round(federation, output_dir):
+    federation.register(SLOW)
+    slow = federation.start_supernode(SLOW, SLOW, {**partition(2), "train-delay": 20})  # where supernode-3 was
+    slow.wait_for(r"SuperNode ID: \d+", timeout=180)
+    config = {
+        **RUN,
+        "strategy": "fedavg",
+        "num-server-rounds": 8,
+        "round-deadline": 8.0,
+        "min-round-replies": 2,
+        "max-staleness": 7,
+        "output-dir": str(output_dir),
+        "run-name": "deadline",
+    }
+    run = federation.submit(config, "deadline")
+    federation.finish(run, timeout=480)
+    assert run.status == "finished:completed", f"{run.status} {run.details}\n{run.process.tail(40)}"
+
+    rows = read_metrics(output_dir / "deadline")
+    first = rows[0]
+    assert first["sampled"] == [0, 1, 2] and first["in_flight"] == [2] and first["left_out"] == {}
+    assert sorted(c["partition"] for c in first["clients"]) == [0, 1] and first["aggregated"]
+    assert "round closed at its 8.0s deadline with 2 replies; 1 node(s) still training" in run.log
+    late = [(row["round"], c["staleness"]) for row in rows for c in row["clients"] if c["partition"] == 2]
+    assert late, "the slow node's update never arrived"
+    arrival, staleness = late[0]
+    assert arrival > 1 and staleness == arrival - 1  # trained on round 1's model, applied relative to it
+    assert all(2 not in row["sampled"] for row in rows[1:arrival])  # rounds 2 .. arrival: not sampled in flight
+    assert all(row["aggregated"] for row in rows)

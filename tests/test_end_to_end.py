@@ -17,12 +17,20 @@ from loopback import run_in_process
 
 from fedweigh.methods import METHODS
 from fedweigh.preflight import parse_settings
-from fedweigh.results import read_metrics
+from fedweigh.results import Checkpoint, read_metrics
 from fedweigh.rules.base import RoundSignals, complement_share_weights
 from fedweigh.rules.registry import RULES
+from fedweigh.strategies.registry import UPDATES
 
 STRATEGIES = sorted(METHODS)
+WEIGHTED = [name for name in STRATEGIES if UPDATES[METHODS[name].update].uses_weights]
 SMALL = {"num-server-rounds": 2, "fraction-train": 0.5, "seed": 3}
+SERVER_DATA = {"server-data": "id", "server-data-size": 60}
+OWN_SETTINGS = {  # the strategies that train on the server's own data get some (60 of the 360 test images)
+    "feddle": {**SERVER_DATA, "feddle.search-epochs": 1},
+    "center": {**SERVER_DATA, "center.epochs": 10},
+    "fedft": SERVER_DATA,
+}
 SIGNAL_OF = {
     "fedoui": "oui",
     "fedalign": "alignment",
@@ -45,7 +53,10 @@ def run(output_dir, name: str, node_seed: int = 0, **config) -> tuple[list[dict]
 @pytest.fixture(scope="module")
 def strategy_runs(output_dir):
     # each run gets other node ids, as separate runs on a SuperLink do
-    return {name: run(output_dir, name, node_seed=index, strategy=name)[0] for index, name in enumerate(STRATEGIES)}
+    return {
+        name: run(output_dir, name, node_seed=index, strategy=name, **OWN_SETTINGS.get(name, {}))[0]
+        for index, name in enumerate(STRATEGIES)
+    }
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -54,14 +65,24 @@ def test_every_strategy_trains_and_records_its_signals(strategy_runs, strategy):
     assert len(rows) == 2 and all(row["aggregated"] for row in rows)
     assert rows[-1]["accuracy"] > 0.15  # better than chance (0.1) on digits after 2 rounds
     for row in rows:
-        assert sum(client["weight"] for client in row["clients"]) == pytest.approx(1.0)
+        if strategy in WEIGHTED:
+            assert sum(client["weight"] for client in row["clients"]) == pytest.approx(1.0)
+        else:  # its server update uses no rule weights, so none is recorded
+            assert all("weight" not in client for client in row["clients"])
         assert row["diagnostics"]["learning-rate"] == 0.05
+    if strategy == "center":  # trained on the server's 60 images alone: no client was sent anything
+        assert all(row["sampled"] == [] and row["clients"] == [] for row in rows)
+        assert [row["diagnostics"]["server-epochs"] for row in rows] == [5, 5]
+    if strategy == "feddle":
+        for row in rows:
+            assert row["diagnostics"]["search-loss-after"] < row["diagnostics"]["search-loss-before"]
+            assert row["diagnostics"]["atlas-size"] == min(2 * len(row["sampled"]), len(row["sampled"]) * row["round"])
     if signal := SIGNAL_OF.get(strategy):
         assert all(signal in client for row in rows for client in row["clients"])
 
 
 def test_every_strategy_sees_the_same_clients_whatever_the_node_ids(strategy_runs):
-    sequences = {name: [row["sampled"] for row in rows] for name, rows in strategy_runs.items()}
+    sequences = {name: [row["sampled"] for row in rows] for name, rows in strategy_runs.items() if name != "center"}
     assert len({json.dumps(sequence) for sequence in sequences.values()}) == 1, sequences
 
 
@@ -79,10 +100,10 @@ def expected_weights(settings_config: dict, row: dict) -> np.ndarray:
     return rule(RoundSignals(sizes, values)).weights
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", WEIGHTED)
 @pytest.mark.parametrize("rule", sorted(RULES))
 def test_every_rule_with_every_strategy(output_dir, strategy, rule):
-    config = {"strategy": strategy, "aggregation": rule, "num-server-rounds": 1}
+    config = {"strategy": strategy, "aggregation": rule, "num-server-rounds": 1, **OWN_SETTINGS.get(strategy, {})}
     rows, _ = run(output_dir, f"{strategy}-{rule}", **config)
     (row,) = rows
     assert row["aggregated"] and np.isfinite(row["accuracy"])
@@ -180,3 +201,29 @@ def test_a_client_that_fails_is_left_out_and_the_round_goes_on(output_dir, monke
     (row,) = rows
     (reason,) = row["left_out"].values()
     assert "out of memory, say" in reason and len(row["clients"]) == 1 and row["aggregated"]
+
+
+def test_central_evaluation_every_few_rounds_and_after_the_last(output_dir):
+    rows, _ = run(output_dir, "every-2", **{"num-server-rounds": 5, "evaluate-every": 2})
+    assert [row["round"] for row in rows] == [1, 2, 3, 4, 5]
+    assert [row["round"] for row in rows if "accuracy" in row] == [2, 4, 5]
+    assert all(row["aggregated"] and row["clients"] for row in rows)  # every round trains and is recorded
+    summary = json.loads((output_dir / "every-2" / "summary.json").read_text())
+    assert summary["rounds"] == 5 and summary["final_accuracy"] == rows[-1]["accuracy"]
+
+
+def test_feddle_with_out_of_distribution_server_data(output_dir):
+    from conftest import SHARED_DATASETS
+
+    mnist = str(SHARED_DATASETS / "mnist")
+    config = {"strategy": "feddle", "server-data": mnist, "server-data-size": 200, "feddle.search-epochs": 2}
+    rows, recorded = run(output_dir, "feddle-ood", **config, **{"num-server-rounds": 3})
+    assert recorded["settings"]["server-data"] == mnist
+    for row in rows:  # MNIST's 28x28 digits at the server, resized to the clients' 8x8; a head on its 10 classes
+        report = row["diagnostics"]
+        assert report["head-loss"] > 0 and report["search-steps"] == 2 * 4  # ceil(200 / 64) batches per pass
+        assert report["search-loss-after"] <= report["search-loss-before"] + 1e-6
+        assert report["new-anchors"] == len(row["clients"]) and "weight" not in row["clients"][0]
+    assert rows[-1]["accuracy"] > 0.3  # the clients' task is learnt although the server never saw a digits label
+    state = Checkpoint.load(output_dir / "feddle-ood" / "checkpoint.pt").strategy_state["update"]
+    assert len(state["atlas"]["anchors"]) == 4 and state["head"]["weight"].shape == (10, 64)  # M = 2 x 2; fc1's 64

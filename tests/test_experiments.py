@@ -122,6 +122,14 @@ def test_command_line_overrides_of_seeds_and_rounds():
     assert all(config["num-server-rounds"] == 1 for config in experiment.arm_configs.values())
 
 
+def test_arms_keeps_only_the_named_arms_and_names_the_accepted_ones():
+    experiment = load_experiment(experiment_table(), DEFAULTS, arms=["fedoui"])
+    assert [arm.name for arm in experiment.arms] == ["fedoui"]
+    assert list(experiment.arm_configs) == ["fedoui"]
+    with pytest.raises(ExperimentError, match=r"unknown arm\(s\) fedprox; accepted: .*fedavg, fedoui"):
+        load_experiment(experiment_table(), DEFAULTS, arms=["fedavg", "fedprox"])
+
+
 def test_set_overrides_base_and_arm_overrides_and_is_checked():
     table = experiment_table()
     table["arms"][1]["overrides"]["fraction-train"] = 0.75
@@ -311,6 +319,18 @@ def test_progress_shows_runs_round_and_time_left(tmp_path):
     assert parse_round_line("[ROUND 2/3]") is None
 
 
+def test_time_left_counts_the_rounds_between_lines_when_only_every_few_rounds_print(tmp_path):
+    _, runs = planned(tmp_path)
+    plans = plan_grid(runs)
+    now = [0.0]
+    progress = GridProgress(plans, out=io.StringIO(), clock=lambda: now[0])
+    progress.start_run(plans[0])
+    for round_number, at in ((10, 30.0), (20, 50.0), (30, 70.0)):  # evaluate-every = 10: 2 s a round
+        now[0] = at
+        progress.on_line(f"INFO :      [fedweigh] round {round_number}/30  accuracy 0.5  loss 1.0  1.9s")
+    assert progress.mean_round_seconds() == pytest.approx(2.0)
+
+
 # ------------------------------------------------------------------ report and plots
 
 
@@ -470,3 +490,29 @@ def test_a_run_whose_model_collapsed_is_named_with_the_round_and_lambda(tmp_path
     rows[2]["prediction_share"] = 0.5
     (folder / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
     assert "Collapses" not in write_report(experiment, runs, tmp_path, plots=False).summary_md.read_text()
+
+
+def test_an_arm_evaluated_every_few_rounds_with_feddles_record_is_scored_and_plotted(tmp_path):
+    experiment, runs = synthetic_grid(tmp_path)
+    for run in runs[1::2]:  # the second arm: as a Feddle run, evaluated in rounds 2 and 3 only
+        rows = [json.loads(line) for line in (run.run_dir / METRICS_FILE).read_text().splitlines()]
+        for row in rows:
+            row["diagnostics"] = {"coefficients": [0.5, -0.1, 0.2], "negative-coefficients": 1, "atlas-size": 3}
+            for client in row["clients"]:
+                client.pop("weight", None)  # Feddle's update uses no rule weights
+        for key in ("accuracy", "loss", "macro_f1"):
+            rows[0].pop(key)
+        (run.run_dir / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    results = collect_results(runs)
+    second = [r for r in results if r.run.arm == "fedoui"]
+    assert all(r.finished for r in results)
+    assert [r.scores.mean for r in second] == pytest.approx([(0.35 + 0.45) / 2, (0.5 + 0.65) / 2])
+    assert second[0].scores.late_max == pytest.approx(0.45) and second[0].scores.rounds == 3
+    names = {path.name for path in draw_all(experiment, results, tmp_path / "plots")}
+    assert "coefficients-fedoui.png" in names and "weights-fedoui.png" not in names and "weights-fedavg.png" in names
+    assert (tmp_path / "plots" / "coefficients-fedoui.png").read_bytes()[:8] == PNG_MAGIC
+    # the late-max column shows only where a paper reports that score; results.csv always has it
+    report = write_report(experiment, runs, tmp_path, plots=False)
+    assert "best of last 5" not in report.summary_md.read_text()
+    with report.results_csv.open() as handle:
+        assert float(next(r for r in csv.DictReader(handle) if r["arm"] == "fedoui")["late_max_accuracy"]) == 0.45

@@ -16,6 +16,7 @@ from fedweigh.models import MODEL_BUILDERS, build_model, model_names, model_opti
 NATURAL_INPUT: dict[str, tuple[int, int]] = {
     "fedoui-cnn": (3, 32),
     "fashion-cnn": (1, 28),
+    "feddle-cnn": (1, 28),
     "lenet5": (1, 28),
     "vgg9": (3, 32),
     "resnet8": (3, 32),
@@ -27,12 +28,13 @@ NATURAL_INPUT: dict[str, tuple[int, int]] = {
 PAPER_PARAMETER_COUNTS: dict[str, int] = {
     "fedoui-cnn": 545_098,
     "fashion-cnn": 688_586,
+    "feddle-cnn": 115_370,  # the Feddle spec's CPU-sized CNN at 28x28 (146,090 at 32x32, "~146K" in the spec)
     "lenet5": 348_874,
     "vgg9": 3_512_650,
     "resnet8": 4_896_394,
 }
 
-LINEAR_PROBE_MODELS = ["fedoui-cnn", "fashion-cnn", "lenet5", "vgg9", "mlp"]
+LINEAR_PROBE_MODELS = ["fedoui-cnn", "fashion-cnn", "feddle-cnn", "lenet5", "vgg9", "mlp"]
 RESNETS = ["resnet8", "resnet18"]
 ALL_MODELS = sorted(NATURAL_INPUT)
 
@@ -98,6 +100,7 @@ def test_registry_names_are_exactly_the_documented_ones() -> None:
     expected = {
         "fedoui-cnn",
         "fashion-cnn",
+        "feddle-cnn",
         "lenet5",
         "vgg9",
         "resnet8",
@@ -248,6 +251,7 @@ def test_mlp_hidden_option_sets_the_probe_width() -> None:
         ("mlp", {"in_channels": -1}, {}),
         ("lenet5", {"image_size": 12}, {}),
         ("fashion-cnn", {"image_size": 4}, {}),
+        ("feddle-cnn", {"image_size": 3}, {}),
         ("vgg9", {"image_size": 4}, {}),
         ("fedoui-cnn", {"num_classes": 2.5}, {}),
         ("resnet8", {}, {"width": 0}),
@@ -271,6 +275,7 @@ def test_bad_sizes_and_option_values_are_rejected(
         ("lenet5", 3, 32, 64 * 5 * 5),
         ("vgg9", 1, 28, 256 * 3 * 3),
         ("fashion-cnn", 3, 32, 128 * 4 * 4),
+        ("feddle-cnn", 1, 32, 32 * 8 * 8),
         ("mlp", 3, 16, 3 * 16 * 16),
     ],
 )
@@ -326,14 +331,14 @@ def test_build_is_deterministic_under_a_seed() -> None:
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("name", ["fedoui-cnn", "fashion-cnn", "lenet5", "vgg9", "resnet8"])
+@pytest.mark.parametrize("name", ["fedoui-cnn", "fashion-cnn", "feddle-cnn", "lenet5", "vgg9", "resnet8"])
 def test_on_device_keeps_what_the_model_computes_and_sends(name):
     """Channels-last on CPU (where a model asks for it) changes speed, not outputs or the state sent."""
     from flwr.app import ArrayRecord
 
     from fedweigh.models import on_device
 
-    channels, size = (1, 28) if name in ("fashion-cnn", "lenet5") else (3, 32)
+    channels, size = (1, 28) if name in ("fashion-cnn", "feddle-cnn", "lenet5") else (3, 32)
     options = {"width": 16} if name == "resnet8" else {}
     torch.manual_seed(0)
     plain = build_model(name, 10, channels, size, **options).eval()
@@ -356,6 +361,7 @@ def test_on_device_keeps_what_the_model_computes_and_sends(name):
     [
         ("fedoui-cnn", 3, 32, 32),
         ("fashion-cnn", 1, 28, 32),
+        ("feddle-cnn", 1, 28, 16),
         ("lenet5", 1, 28, 32),
         ("vgg9", 3, 32, 64),
         ("resnet8", 3, 32, 128),

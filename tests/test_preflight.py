@@ -9,7 +9,8 @@ from fedweigh.preflight import catalog, check_run, combination_problems, parse_s
 from fedweigh.protocol import STEPS
 from fedweigh.rules.registry import RULES
 from fedweigh.settings import SettingsError, validate
-from fedweigh.strategies.updates import UPDATES, ServerUpdate
+from fedweigh.strategies.registry import UPDATES
+from fedweigh.strategies.updates import ServerUpdate
 
 
 def problems_of(config, num_partitions=None) -> list[str]:
@@ -93,10 +94,80 @@ def test_every_problem_is_listed_at_once():
     assert len(problems) == 3
 
 
-@pytest.mark.parametrize("strategy", sorted(METHODS))
+SERVER_DATA = {name: {"server-data": "id"} for name, m in METHODS.items() if UPDATES[m.update].server_data}
+WEIGHTED = sorted(name for name, method in METHODS.items() if UPDATES[method.update].uses_weights)
+UNWEIGHTED = sorted(set(METHODS) - set(WEIGHTED))
+
+
+def test_the_asynchronous_and_server_side_methods_ignore_rule_weights():
+    assert UNWEIGHTED == ["center", "fedasync", "fedbuff", "feddle"]
+    assert sorted(SERVER_DATA) == ["center", "feddle", "fedft"]
+
+
+@pytest.mark.parametrize("strategy", UNWEIGHTED)
+def test_a_strategy_that_ignores_weights_refuses_an_aggregation_rule(strategy):
+    (problem,) = problems_of({"strategy": strategy, "aggregation": "fednolowe", **SERVER_DATA.get(strategy, {})})
+    assert f"aggregation = 'fednolowe' cannot be combined with strategy = {strategy!r}" in problem
+
+
+@pytest.mark.parametrize(
+    ("config", "fragments"),
+    [
+        (
+            {"strategy": "feddle"},
+            ["strategy = 'feddle' trains on the server's own data, but server-data = ''", "feddle.search = false"],
+        ),
+        (
+            {"strategy": "center", "server-data": "../shared/datasets/mnist"},
+            ["strategy = 'center'", "accepted: server-data = 'id'"],
+        ),
+        ({"strategy": "fedft"}, ["strategy = 'fedft'", "server-data = ''"]),
+        ({"delay-std": 20.0}, ["delay-std = 20.0", "max-staleness = 0", "max-staleness >= 1", "about 60"]),
+        ({"server-data": "/no/such/folder"}, ["server-data = '/no/such/folder': no such folder", "'id' (held out"]),
+        ({"feddle.eviction": "lru"}, ["feddle.eviction = 'lru'", "'importance' or 'fifo'"]),
+        ({"round-deadline": -1.0}, ["round-deadline = -1.0", "greater than or equal to 0"]),
+    ],
+)
+def test_asynchrony_and_server_data_problems_name_the_settings(config, fragments):
+    message = "\n".join(problems_of(config))
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+
+
+def test_feddle_without_its_search_needs_no_server_data_and_delays_need_a_staleness_bound():
+    check_run({"strategy": "feddle", "feddle.search": False})
+    check_run({"strategy": "fedbuff", "delay-std": 5.0, "max-staleness": 15})
+
+
+def test_server_data_that_cannot_be_used_is_reported_with_the_data_check(tmp_path):
+    import datasets
+
+    unlabelled = tmp_path / "unlabelled"
+    unlabelled.mkdir()
+    table = datasets.Dataset.from_dict({"image": [[[0] * 8] * 8] * 3, "note": ["a", "b", "c"]})
+    for split in ("train", "test"):
+        table.to_parquet(str(unlabelled / f"{split}.parquet"))
+    (problem,) = problems_of({"strategy": "feddle", "server-data": str(unlabelled)}, 4)
+    assert problem.startswith(f"server-data = {str(unlabelled)!r}") and "no label column" in problem
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    nothing = datasets.Dataset.from_dict(
+        {"image": [], "label": []},
+        features=datasets.Features({"image": datasets.Array2D((8, 8), "uint8"), "label": datasets.Value("int64")}),
+    )
+    for split in ("train", "test"):
+        nothing.to_parquet(str(empty / f"{split}.parquet"))
+    (problem,) = problems_of({"strategy": "feddle", "server-data": str(empty)}, 4)
+    expected = "its train split is empty; accepted: a dataset with labelled images"
+    assert problem == f"server-data = {str(empty)!r}: {expected}"
+    (problem,) = problems_of({"strategy": "feddle", "server-data": "id", "server-data-size": 360}, 4)
+    assert "360 images cannot be held out of a test split of 360 images" in problem and "accepted: 1 to 359" in problem
+
+
+@pytest.mark.parametrize("strategy", WEIGHTED)
 @pytest.mark.parametrize("rule", sorted(RULES))
 def test_every_strategy_and_rule_pair_passes_the_check(strategy, rule):
-    settings = check_run({"strategy": strategy, "aggregation": rule})
+    settings = check_run({"strategy": strategy, "aggregation": rule, **SERVER_DATA.get(strategy, {})})
     plan = plan_run(settings)
     assert plan.rule == rule
     for signal in RULES[rule].build(settings).signals:  # the rule's signals are produced by a planned step

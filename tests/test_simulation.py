@@ -15,7 +15,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, SHARED_DATASETS
 
 from fedweigh.cli import main
 from fedweigh.launch.processes import free_port
@@ -25,6 +25,15 @@ from fedweigh.rules.base import complement_share_weights
 pytestmark = pytest.mark.xdist_group("simulation")
 
 SMALL = {"num-server-rounds": 2, "fraction-train": 0.5, "seed": 3}
+FEDDLE_ASYNC = {
+    "strategy": "feddle",
+    "server-data": str(SHARED_DATASETS / "mnist"),
+    "server-data-size": 128,
+    "feddle.search-epochs": 1,
+    "num-server-rounds": 4,
+    "delay-std": 1.0,
+    "max-staleness": 5,
+}
 
 
 # Session-scoped, not module-scoped: pytest-xdist may interleave the tests of one group from several
@@ -44,12 +53,14 @@ def run(simulation, output_dir, name: str, **config):
 
 @pytest.fixture(scope="session")
 def runs(shared_simulation, output_dir):
-    """FedAvg, 3 rounds; FLood (client steps and a per-round value over the wire), 2; FedAvg stopped, resumed."""
+    """FedAvg, 3 rounds; FLood (client steps and a per-round value over the wire), 2; FedAvg stopped, resumed;
+    Feddle with out-of-distribution server data and delayed clients, 4."""
     straight = run(shared_simulation, output_dir, "fedavg", **{"num-server-rounds": 3})
     flood = run(shared_simulation, output_dir, "flood", strategy="flood", **{"flood.halt-round": 1, "flood.a": 2.0})
     interrupted = run(shared_simulation, output_dir, "interrupted")
     resumed = run(shared_simulation, output_dir, "resumed", **{"num-server-rounds": 3, "resume-from": str(interrupted)})
-    return {"fedavg": straight, "flood": flood, "interrupted": interrupted, "resumed": resumed}
+    feddle = run(shared_simulation, output_dir, "feddle", **FEDDLE_ASYNC)
+    return {"fedavg": straight, "flood": flood, "interrupted": interrupted, "resumed": resumed, "feddle": feddle}
 
 
 def test_results_folder_is_complete(runs):
@@ -80,6 +91,16 @@ def test_client_steps_and_a_round_value_cross_the_wire(runs):
         for client in row["clients"]:
             assert client["asw-lambda"] == row["diagnostics"]["asw-lambda"]  # what the client trained with
             assert np.isfinite(client["ood-score"]) and 0.0 < client["pseudo-ood-fraction"] < 0.7
+
+
+def test_feddle_searches_on_another_dataset_while_updates_arrive_late(runs):
+    rows = read_metrics(runs["feddle"])
+    assert [row["round"] for row in rows] == [1, 2, 3, 4] and sum(row["aggregated"] for row in rows) >= 2
+    late = [c["staleness"] for row in rows for c in row["clients"]]
+    assert any(s > 0 for s in late) and any(row["in_flight"] for row in rows)
+    searched = [row["diagnostics"] for row in rows if "search-loss-after" in row["diagnostics"]]
+    assert searched and all(d["head-loss"] > 0 and len(d["coefficients"]) == d["atlas-size"] for d in searched)
+    assert rows[-1]["accuracy"] > 0.15
 
 
 def test_strategies_see_the_same_clients(runs):

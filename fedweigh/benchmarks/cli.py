@@ -18,7 +18,7 @@ from typing import Any
 
 __all__ = ["BENCHMARKS", "add_benchmark_parser", "run_benchmark", "run_command", "render_table"]
 
-BENCHMARKS = ("overhead", "methods", "scale", "aggregation", "ufl-cost")
+BENCHMARKS = ("overhead", "methods", "scale", "aggregation", "ufl-cost", "feddle-cost")
 DEFAULT_PORT = 39201
 RESULTS_DIR = Path("benchmarks") / "results"
 
@@ -186,7 +186,54 @@ def render_table(name: str, report: dict[str, Any]) -> str:
         return f"N = 10 MC passes, 1 local epoch, batch 64, 1 thread; target <= {report['target_ratio']}x\n\n" + (
             markdown_table(header, rows)
         )
+    if name == "feddle-cost":
+        return _feddle_tables(report)
     raise ValueError(f"unknown benchmark {name!r}")
+
+
+def _feddle_tables(report: dict[str, Any]) -> str:
+    from fedweigh.benchmarks.common import markdown_table
+
+    parts = []
+    if rounds := report.get("rounds"):
+        rows = [
+            [
+                r["strategy"],
+                _fmt(r.get("round_seconds")),
+                (_fmt(r["vs_fedbuff"]) + "x") if "vs_fedbuff" in r else "–",
+                _fmt(r.get("final_accuracy"), 4),
+                r["status"],
+            ]
+            for r in rounds["strategies"]
+        ]
+        parts.append(
+            f"rounds ({rounds['setting']}; median of rounds 2+)\n\n"
+            + markdown_table(["strategy", "round s", "vs FedBuff", "final acc", "status"], rows)
+        )
+    rows = [
+        [r["search_epochs"], r["search_steps"], _fmt(r["fedbuff"], 4), _fmt(r["feddle"], 4), f"{r['ratio']:.1f}x"]
+        for r in report["server_step"]
+    ]
+    parts.append(
+        "server step alone (atlas of 20, 1,000 server images)\n\n"
+        + markdown_table(["passes", "search steps", "FedBuff s", "Feddle s", "ratio"], rows)
+    )
+    rows = [
+        [
+            r["model"],
+            f"{r['trainable_parameters']:,}",
+            r["clients_per_round"],
+            r["atlas_size"],
+            _fmt(r["model_mb"]),
+            _fmt(r["atlas_mb"], 1),
+        ]
+        for r in report["memory"]
+    ]
+    parts.append(
+        "atlas memory (float32)\n\n"
+        + markdown_table(["model", "trainable d", "clients/round", "M", "model MB", "atlas MB"], rows)
+    )
+    return "\n\n".join(parts)
 
 
 def _overhead(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
@@ -239,14 +286,21 @@ def _ufl_cost(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
     return ufl_cost(quick=quick)
 
 
+def _feddle_cost(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+    from fedweigh.benchmarks.feddle_cost import feddle_cost
+
+    return feddle_cost(sim, quick=quick)
+
+
 _RUNNERS: dict[str, Callable[[bool, Any, list[str] | None], dict[str, Any]]] = {
     "overhead": _overhead,
     "methods": _methods,
     "scale": _scale,
     "aggregation": _aggregation,
     "ufl-cost": _ufl_cost,
+    "feddle-cost": _feddle_cost,
 }
-_NEEDS_SIMULATION = {"overhead", "methods", "scale"}
+_NEEDS_SIMULATION = {"overhead", "methods", "scale", "feddle-cost"}
 
 
 def run_benchmark(name: str, *, quick: bool, sim: Any = None, strategies: list[str] | None = None) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 from fedweigh.launch.runconfig import SimulationError, load_app_config, parse_run_config
 from fedweigh.launch.superlink import DEFAULT_PORT
 
-__all__ = ["add_experiment_parser", "default_app_dir", "default_output_dir", "parse_seeds", "run_command"]
+__all__ = ["add_experiment_parser", "default_app_dir", "default_output_dir", "parse_arms", "parse_seeds", "run_command"]
 
 OUTPUT_ROOT = Path("outputs") / "experiments"
 
@@ -36,6 +36,18 @@ def parse_seeds(text: str) -> list[int]:
     if not seeds:
         raise argparse.ArgumentTypeError(f"--seeds = {text!r}: accepted: comma-separated integers, e.g. 1,2,3")
     return seeds
+
+
+def parse_arms(text: str) -> list[str]:
+    """``--arms fedavg,flood`` -> ``["fedavg", "flood"]``.
+
+    >>> parse_arms("fedavg, flood")
+    ['fedavg', 'flood']
+    """
+    arms = [part.strip() for part in text.split(",") if part.strip()]
+    if not arms:
+        raise argparse.ArgumentTypeError(f"--arms = {text!r}: accepted: comma-separated arm names, e.g. fedavg,flood")
+    return arms
 
 
 def _positive(text: str) -> int:
@@ -113,6 +125,9 @@ def add_experiment_parser(subparsers: argparse._SubParsersAction) -> None:
         sub.add_argument("--seeds", type=parse_seeds, default=None, help="replace the file's seeds, e.g. 1,2")
         sub.add_argument("--rounds", type=_positive, default=None, help="replace num-server-rounds (a quick look)")
         sub.add_argument(
+            "--arms", type=parse_arms, default=None, help="only these arms, comma-separated, e.g. fedavg,flood"
+        )
+        sub.add_argument(
             "--set",
             dest="settings",
             type=parse_setting,
@@ -147,7 +162,9 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         defaults = load_app_config(app)
         settings = dict(args.settings) if args.settings else None
-        experiment = load_experiment(args.file, defaults, seeds=args.seeds, rounds=args.rounds, settings=settings)
+        experiment = load_experiment(
+            args.file, defaults, seeds=args.seeds, rounds=args.rounds, settings=settings, arms=args.arms
+        )
         output_dir = args.output_dir or default_output_dir(experiment.name, args.rounds, args.seeds, settings)
         output_dir = output_dir.resolve()
         runs, plans = plan_experiment(experiment, output_dir, defaults)

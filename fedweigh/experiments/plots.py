@@ -40,6 +40,7 @@ __all__ = [
     "plot_oui",
     "plot_signals",
     "plot_uncertainty",
+    "plot_coefficients",
     "plot_weights",
     "signal_keys",
 ]
@@ -83,9 +84,11 @@ def plot_accuracy(results: Sequence[RunResult], path: Path, arms: Sequence[str] 
         runs = [r for r in results if r.run.arm == arm and r.rows]
         if not runs:
             continue
-        length = min(len(r.rows) for r in runs)
-        curves = np.array([[row.get("accuracy", np.nan) for row in r.rows[:length]] for r in runs], dtype=np.float64)
-        rounds = np.arange(1, length + 1)
+        evaluated = [{row["round"]: row["accuracy"] for row in r.rows if row.get("accuracy") is not None} for r in runs]
+        rounds = np.array(sorted(set.intersection(*(set(points) for points in evaluated))), dtype=np.int64)
+        if rounds.size == 0:
+            continue
+        curves = np.array([[points[r] for r in rounds] for points in evaluated], dtype=np.float64)
         mean = np.nanmean(curves, axis=0)
         (line,) = axes.plot(rounds, mean, label=f"{arm} (n={len(runs)})", linewidth=1.8)
         if len(runs) > 1:
@@ -114,7 +117,7 @@ def weight_matrix(result: RunResult, num_partitions: int | None = None) -> tuple
     matrix = np.full((len(partitions), len(result.rows)), np.nan)
     for t, row in enumerate(result.rows):
         for client in row.get("clients", []):
-            matrix[index[int(client["partition"])], t] = float(client["weight"])
+            matrix[index[int(client["partition"])], t] = float(client.get("weight", np.nan))
     return partitions, matrix
 
 
@@ -286,6 +289,36 @@ def _required_signals(arm_config: Mapping[str, Any]) -> list[str]:
         flower.setLevel(level)
 
 
+def plot_coefficients(runs: Sequence[RunResult], path: Path) -> Path:
+    """Feddle's merging coefficients ĉ per round (first seed, every anchor) and the share of negative ones."""
+    figure = Figure(figsize=(8.0, 5.5))
+    top, bottom = figure.subplots(2, 1, sharex=True, height_ratios=[2, 1])
+    first = runs[0]
+    for row in first.rows:
+        values = (row.get("diagnostics") or {}).get("coefficients") or []
+        if values:
+            top.scatter([row["round"]] * len(values), values, s=4, color="tab:blue", alpha=0.35, linewidths=0)
+    top.axhline(0.0, color="black", linewidth=0.6)
+    top.set_ylabel("ĉ (normalised anchors)")
+    top.set_title(f"Merging coefficients per round ({first.run.name})")
+    for run in runs:
+        points = [
+            (row["round"], d["negative-coefficients"] / max(len(d["coefficients"]), 1))
+            for row in run.rows
+            if (d := row.get("diagnostics") or {}).get("coefficients")
+        ]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            bottom.plot(xs, ys, linewidth=1.0, label=f"seed {run.run.seed}")
+    bottom.set_ylabel("share < 0")
+    bottom.set_xlabel("round")
+    bottom.set_ylim(0, 1)
+    bottom.grid(True, alpha=0.3)
+    bottom.legend(fontsize="small")
+    figure.tight_layout()
+    return _save(figure, path)
+
+
 def draw_all(experiment: Experiment, results: Sequence[RunResult], plots_dir: Path) -> list[Path]:
     """Every plot of the experiment's finished runs; returns the files written."""
     plots_dir = Path(plots_dir)
@@ -296,9 +329,12 @@ def draw_all(experiment: Experiment, results: Sequence[RunResult], plots_dir: Pa
         if not runs:
             continue
         name = _safe(arm.name)
-        drawn.append(
-            plot_weights(runs[0], plots_dir / f"weights-{name}.png", experiment.spec.experiment.num_supernodes)
-        )
+        if any("weight" in c for row in runs[0].rows for c in row.get("clients", [])):  # its update uses weights
+            drawn.append(
+                plot_weights(runs[0], plots_dir / f"weights-{name}.png", experiment.spec.experiment.num_supernodes)
+            )
+        if any("coefficients" in (row.get("diagnostics") or {}) for row in runs[0].rows):
+            drawn.append(plot_coefficients(runs, plots_dir / f"coefficients-{name}.png"))
         client_keys, diagnostic_keys = signal_keys(runs, _required_signals(experiment.arm_configs[arm.name]))
         covered: set[str] = set()
         if any(k in client_keys for k in OUI_KEYS):

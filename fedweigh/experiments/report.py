@@ -59,6 +59,7 @@ CSV_COLUMNS = (
     "mean_accuracy",
     "auc_accuracy",
     "last10_accuracy",
+    "late_max_accuracy",
     "final_loss",
     *OTHER_SCORES,
     "collapse",
@@ -67,8 +68,9 @@ CSV_COLUMNS = (
     "run_dir",
 )
 
-# Settings that change which clients a round samples; arms differing in them are not paired.
-SAMPLING_SETTINGS = ("fraction-train", "min-train-nodes")
+# Settings that change which clients a round samples; arms differing in them are not paired
+# (simulated delays decide which clients are in flight, and so not sampled).
+SAMPLING_SETTINGS = ("fraction-train", "min-train-nodes", "delay-std")
 
 
 class SamplingMismatchError(RuntimeError):
@@ -110,11 +112,12 @@ def _sampling_group(result: RunResult) -> tuple[Any, ...]:
 def check_sampling(results: Sequence[RunResult]) -> SamplingCheck:
     """Compare the ``sampled`` partitions of every round across the arms of each seed.
 
-    Arms whose sampling settings (``fraction-train``, ``min-train-nodes``)
-    differ are compared only within their own group. Runs that are not
-    finished are left out.
+    Arms whose sampling settings (``fraction-train``, ``min-train-nodes``,
+    ``delay-std``) differ are compared only within their own group. Runs that
+    are not finished, and runs that sample no client at all (Center trains on
+    the server's data alone), are left out.
     """
-    finished = [r for r in results if r.finished]
+    finished = [r for r in results if r.finished and any(row.get("sampled") for row in r.rows)]
     seeds = sorted({r.run.seed for r in finished})
     ok, lines = True, []
     for seed in seeds:
@@ -189,7 +192,14 @@ def summarize_arms(experiment: Experiment, results: Sequence[RunResult]) -> list
     return summaries
 
 
-_HEADINGS = {"final": "final", "best": "best", "mean": "mean over rounds", "auc": "AUC", "last": "last 10 rounds"}
+_HEADINGS = {
+    "final": "final",
+    "best": "best",
+    "mean": "mean over rounds",
+    "auc": "AUC",
+    "last": "last 10 rounds",
+    "late-max": "best of last 5 every 10",
+}
 
 
 def _format_score(value: tuple[float, float | None] | None) -> str:
@@ -227,12 +237,15 @@ def render_summary(
     )
     lines.append("")
     has_paper = any(s.paper for s in summaries)
-    header = ["arm", "strategy", "runs", *(_HEADINGS[name] for name in SCORE_NAMES), "wall s/run"]
+    # the paper-specific score (Feddle's best of the last 5 evaluations) only where a paper reports it;
+    # results.csv has every score
+    shown = [name for name in SCORE_NAMES if name != "late-max" or any(name in s.paper for s in summaries)]
+    header = ["arm", "strategy", "runs", *(_HEADINGS[name] for name in shown), "wall s/run"]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "---|" * len(header))
     for summary in summaries:
         cells = [summary.arm, summary.strategy, f"{summary.finished}/{summary.planned}"]
-        for name in SCORE_NAMES:
+        for name in shown:
             cell = _format_score(summary.scores.get(name))
             if name in summary.paper:
                 cell += f" (paper {summary.paper[name]})"
@@ -260,13 +273,21 @@ def render_summary(
     lines.append(f"Client sampling: {verdict}.")
     lines += [f"- {line}" for line in sampling.lines]
     lines.append("")
-    collapsed = [r for r in results if r.collapse is not None]
-    if collapsed:
+    collapsed = [r for r in results if r.collapse is not None and not r.collapse.recovered]
+    recovered = [r for r in results if r.collapse is not None and r.collapse.recovered]
+    if collapsed or recovered:
         lines.append(
             f"Collapses (the global model predicted one class for at least {COLLAPSE_SHARE:.0%} of the test set, "
             f"on average over {COLLAPSE_ROUNDS} rounds in a row):"
         )
         lines += [f"- {r.run.name}: {r.collapse}" for r in collapsed]
+        if recovered:  # a young model often predicts one class for a round or two; only lasting collapses matter
+            first = sorted({r.collapse.round for r in recovered if r.collapse is not None})
+            start = f"round {first[0]}" if len(first) == 1 else f"rounds {first[0]}-{first[-1]}"
+            lines.append(
+                f"- {len(recovered)} run(s) collapsed for a while (starting in {start}) and recovered: "
+                + ", ".join(r.run.name for r in recovered)
+            )
         lines.append("")
     unfinished = [r for r in results if not r.finished]
     if unfinished:

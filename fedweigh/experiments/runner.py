@@ -91,7 +91,8 @@ class GridProgress:
     """Progress of the grid: runs done, the current run's round, time left.
 
     The time left is estimated from what was measured so far: the mean wall
-    time of a round (from consecutive round lines) times the rounds still to
+    time of a round (from consecutive round lines, spread over the rounds
+    between them when only every few rounds print one) times the rounds still to
     go, plus each remaining run's fixed cost (start-up and shut-down: a
     finished run's wall time minus its rounds).
     """
@@ -128,8 +129,9 @@ class GridProgress:
         if parsed is None or self.current is None:
             return
         now = self.clock()
-        if self.current_round > self.current.done_rounds:  # the first round of a run carries its start-up
-            self.round_seconds.append(now - self._last_mark)
+        rounds = parsed.round - self.current_round  # more than one when rounds are evaluated every few
+        if self.current_round > self.current.done_rounds and rounds > 0:  # the first line carries the start-up
+            self.round_seconds.extend([(now - self._last_mark) / rounds] * rounds)
         self.reported_seconds.append(parsed.seconds)
         self._last_mark = now
         self.current_round = parsed.round

@@ -9,7 +9,10 @@ Per run, from the central test accuracy ``acc_1 .. acc_T`` of its rounds:
   ``T - 1`` (the FedOUI paper's definition; a mean-like number in [0, 1]);
   for ``T = 1`` it is ``acc_1``;
 * **last** = the mean over the last :data:`LAST_ROUNDS` rounds (all of them
-  in a shorter run; FLood's paper reports the mean over its last 50 of 2,000).
+  in a shorter run; FLood's paper reports the mean over its last 50 of 2,000);
+* **late-max** = the best of the accuracies at rounds ``T, T − 10, ..., T −
+  40`` (those that exist): the Feddle paper evaluates every 10 rounds and
+  reports the best of the last five evaluations.
 
 Beside them, from the same rounds: the macro-F1 (final and mean over rounds)
 and the test loss (final and mean over rounds), as the FedNolowe paper reports
@@ -24,6 +27,8 @@ Example
 >>> scores = run_scores([0.2, 0.4, 0.3])
 >>> scores.final, scores.best, round(scores.mean, 4), round(scores.auc, 4)
 (0.3, 0.4, 0.3, 0.325)
+>>> run_scores([0.9] + [0.1] * 9 + [0.5] + [0.2] * 9 + [0.3]).late_max  # rounds 21, 11, 1
+0.9
 """
 
 from __future__ import annotations
@@ -151,27 +156,44 @@ class RunScores:
     auc: float
     last: float
     rounds: int
+    late_max: float = float("nan")
 
     def get(self, name: str) -> float:
-        return float(getattr(self, name))
+        return float(getattr(self, name.replace("-", "_")))
 
 
 LAST_ROUNDS = 10
 """The ``last`` score averages the accuracy of this many final rounds."""
+LATE_EVALUATIONS, EVALUATION_EVERY = 5, 10
+"""The ``late-max`` score: the best of this many evaluations, this many rounds apart, ending with the last round."""
 
 
-def run_scores(accuracies: Sequence[float]) -> RunScores:
-    """Final, best, mean-over-rounds and AUC of ``acc_1 .. acc_T``."""
+def run_scores(accuracies: Sequence[float], rounds: Sequence[int] | None = None) -> RunScores:
+    """The scores of the accuracies of rounds ``rounds`` (default ``1 .. T``; fewer when evaluate-every > 1).
+
+    Means and the AUC are taken over the evaluations made; ``last`` over
+    those of the last :data:`LAST_ROUNDS` rounds; ``late-max`` over those at
+    ``T, T - 10, ..., T - 40``.
+
+    >>> run_scores([0.2, 0.6, 0.4], rounds=[10, 20, 25]).late_max  # rounds 25 and 15 were asked for, 25 was made
+    0.4
+    """
     values = [float(a) for a in accuracies]
     if not values:
         raise ValueError("run_scores needs at least one round")
+    made = list(rounds) if rounds is not None else list(range(1, len(values) + 1))
+    if len(made) != len(values):
+        raise ValueError(f"{len(values)} accuracies for {len(made)} rounds")
+    final_round = made[-1]
+    late = {final_round - k * EVALUATION_EVERY for k in range(LATE_EVALUATIONS)}
     return RunScores(
         final=values[-1],
         best=max(values),
         mean=float(np.mean(values)),
         auc=accuracy_auc(values),
-        last=float(np.mean(values[-LAST_ROUNDS:])),
-        rounds=len(values),
+        last=float(np.mean([v for r, v in zip(made, values, strict=True) if r > final_round - LAST_ROUNDS])),
+        rounds=final_round,
+        late_max=max(v for r, v in zip(made, values, strict=True) if r in late),
     )
 
 
@@ -209,6 +231,7 @@ class RunResult:
             "mean_accuracy": _cell(scores.mean if scores else None),
             "auc_accuracy": _cell(scores.auc if scores else None),
             "last10_accuracy": _cell(scores.last if scores else None),
+            "late_max_accuracy": _cell(scores.late_max if scores else None),
             "final_loss": _cell(self.final_loss),
             **{name: _cell(self.others.get(name)) for name in OTHER_SCORES},
             "collapse": "" if self.collapse is None else str(self.collapse),
@@ -241,12 +264,14 @@ def collect_results(runs: Sequence[PlannedRun]) -> list[RunResult]:
         summary = _read_json(folder / SUMMARY_FILE)
         config = _read_json(folder / CONFIG_FILE)
         record = read_run_record(folder) or {}
-        accuracies = [row.get("accuracy") for row in rows]
+        evaluated = [row for row in rows if row.get("accuracy") is not None]  # every round, or every evaluate-every
         complete = (
             isinstance(summary, dict)
             and summary.get("rounds") == run.rounds
             and [row["round"] for row in rows] == list(range(1, run.rounds + 1))
-            and all(isinstance(a, int | float) for a in accuracies)
+            and bool(evaluated)
+            and evaluated[-1]["round"] == run.rounds
+            and all(isinstance(row["accuracy"], int | float) for row in evaluated)
         )
         segments = record.get("segments", [])
         wall = sum(float(s.get("wall_seconds") or 0.0) for s in segments) if segments else None
@@ -259,9 +284,9 @@ def collect_results(runs: Sequence[PlannedRun]) -> list[RunResult]:
             settings=config.get("settings", {}) if isinstance(config, dict) else {},
         )
         if complete:
-            result.scores = run_scores(accuracies)
+            result.scores = run_scores([row["accuracy"] for row in evaluated], [row["round"] for row in evaluated])
             result.final_loss = rows[-1].get("loss")
-            result.others = other_scores(rows)
-        result.collapse = find_collapse(rows)
+            result.others = other_scores(evaluated)
+        result.collapse = find_collapse([row for row in rows if row.get("accuracy") is not None])
         results.append(result)
     return results

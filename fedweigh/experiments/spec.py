@@ -74,7 +74,7 @@ __all__ = [
     "parse_reported",
 ]
 
-SCORE_NAMES = ("final", "best", "mean", "auc", "last")
+SCORE_NAMES = ("final", "best", "mean", "auc", "last", "late-max")
 """The per-run accuracy scores a paper's numbers can be given for (see :mod:`.report`)."""
 
 RESERVED_KEYS = ("strategy", "seed", "output-dir", "run-name", "resume-from", "num-supernodes")
@@ -190,7 +190,9 @@ class ArmSpec(_Strict):
     strategy: str
     description: str = ""
     overrides: dict[str, Any] = Field(default_factory=dict)
-    paper: dict[Literal["final", "best", "mean", "auc", "last"], ReportedNumber] = Field(default_factory=dict)
+    paper: dict[Literal["final", "best", "mean", "auc", "last", "late-max"], ReportedNumber] = Field(
+        default_factory=dict
+    )
 
 
 class ExperimentSpec(_Strict):
@@ -334,6 +336,7 @@ def load_experiment(
     seeds: list[int] | None = None,
     rounds: int | None = None,
     settings: Mapping[str, Any] | None = None,
+    arms: list[str] | None = None,
 ) -> Experiment:
     """Read and check an experiment file (or its parsed content).
 
@@ -352,6 +355,9 @@ def load_experiment(
         Run-config values set for every run (``--set KEY=VALUE``): they replace
         ``[base]`` and any arm's override of the same key, and are checked like
         the file's own.
+    arms : list[str], optional
+        Keep only these arms (``--arms``), e.g. to add seeds to the main arms
+        of a grid; the report then covers the arms kept.
 
     Raises
     ------
@@ -389,6 +395,15 @@ def load_experiment(
                 else arm
                 for arm in raw["arms"]
             ]
+    if arms is not None and isinstance(raw.get("arms"), list):
+        names = [arm.get("name") for arm in raw["arms"] if isinstance(arm, Mapping)]
+        unknown = [name for name in arms if name not in names]
+        if unknown or not arms:
+            raise ExperimentError(
+                f"{label}: --arms = {','.join(arms)!r}: unknown arm(s) {', '.join(unknown) or '(none given)'}; "
+                f"accepted: comma-separated names of the file's arms: {', '.join(map(str, names))}"
+            )
+        raw["arms"] = [arm for arm in raw["arms"] if isinstance(arm, Mapping) and arm.get("name") in arms]
     if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1):
         raise ExperimentError(f"{label}: --rounds = {rounds!r}: accepted: an integer >= 1")
     try:

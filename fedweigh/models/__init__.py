@@ -14,6 +14,7 @@ string attributes, both usable with ``model.get_submodule``:
     ============  ====================  =========================================
     fedoui-cnn    ``fc1``               Linear(4096, 128)
     fashion-cnn   ``fc1``               Linear(1152, 512)
+    feddle-cnn    ``fc1``               Linear(1568, 64)
     lenet5        ``fc2``               Linear(256, 128)
     vgg9          ``fc2``               Linear(512, 512)
     mlp           ``fc1``               Linear(64, hidden)
@@ -54,7 +55,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from fedweigh.models.cnn import FashionCNN, FedOUICNN
+from fedweigh.models.cnn import FashionCNN, FeddleCNN, FedOUICNN
 from fedweigh.models.lenet import LeNet5BN
 from fedweigh.models.mlp import DigitsMLP
 from fedweigh.models.vgg import VGG9
@@ -86,6 +87,7 @@ def _build_resnet18(num_classes: int, in_channels: int, image_size: int, *, widt
 MODEL_BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "fedoui-cnn": FedOUICNN,
     "fashion-cnn": FashionCNN,
+    "feddle-cnn": FeddleCNN,
     "lenet5": LeNet5BN,
     "vgg9": VGG9,
     "resnet8": _build_resnet8,

@@ -19,9 +19,20 @@ in the order a round runs them:
 * a **record** of the round: who was sampled, who was left out and why, each
   client's weight and signals, the rule's diagnostics, the round's values.
 
+Asynchrony is a property of every strategy here, so that every arm of a
+comparison sees the same delays. In a simulation (``delay-std`` > 0) each
+valid reply is held back a seeded, half-normal number of rounds
+(:mod:`fedweigh.strategies.delays`); in a deployment (``round-deadline`` > 0)
+a round closes at its deadline and late replies join a later round
+(:mod:`fedweigh.strategies.deadline`). Either way a client is not sampled
+while its update is on its way, a late reply is applied relative to the
+model it started from, and one more than ``max-staleness`` rounds late is
+left out.
+
 It keeps a ``round_offset`` so that a resumed run continues the round
-numbering, sampling and seeds of the original, and the global models of the
-last ``max_staleness`` rounds, which stale replies are applied against.
+numbering, sampling and seeds of the original, and the global models that
+replies still on their way (or, synchronously, of the last ``max_staleness``
+rounds) may need.
 """
 
 from __future__ import annotations
@@ -34,11 +45,13 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Result
 
 from fedweigh.protocol import ARRAYS, CONFIG, SERVER_ROUND, TRAIN_LOSS, ConfigValue
 from fedweigh.rules.base import RoundSignals, RuleOutcome, WeightingRule
 from fedweigh.strategies.aggregation import NamedArrays, all_finite, decode, encode
+from fedweigh.strategies.deadline import Deadline, DeadlineGrid
+from fedweigh.strategies.delays import Dispatches, delay
 from fedweigh.strategies.replies import ClientReply, valid_replies
 from fedweigh.strategies.sampling import NodeDirectory, sample_nodes, sample_size
 from fedweigh.strategies.schedules import Schedule
@@ -57,6 +70,7 @@ class RoundRecord:
     left_out: dict[str, str] = field(default_factory=dict)
     diagnostics: dict[str, Any] = field(default_factory=dict)
     aggregated: bool = False
+    in_flight: list[int] = field(default_factory=list)  # partitions whose update is still on its way
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,6 +93,11 @@ class WeightedFedAvg(FedAvg):
     max_staleness : int
         A reply may have trained the global model of up to this many rounds
         ago; 0 (synchronous) accepts only this round's.
+    delay_std : float
+        Simulated asynchrony: σ (rounds) of the half-normal delay of every
+        reply; 0: none.
+    deadline : Deadline, optional
+        Real asynchrony: training rounds close at this deadline.
     server_data : object, optional
         The server's own data, handed to the update step.
     seed : int
@@ -98,6 +117,8 @@ class WeightedFedAvg(FedAvg):
         update: ServerUpdate | None = None,
         schedules: Sequence[Schedule] = (),
         max_staleness: int = 0,
+        delay_std: float = 0.0,
+        deadline: Deadline | None = None,
         server_data: object | None = None,
         seed: int = 0,
         round_offset: int = 0,
@@ -109,6 +130,10 @@ class WeightedFedAvg(FedAvg):
         self.update = update or WeightedMean()
         self.schedules = list(schedules)
         self.max_staleness = max_staleness
+        self.delay_std = delay_std
+        self.deadline = deadline
+        self.deadline_grid: DeadlineGrid | None = None
+        self.dispatches = Dispatches()  # simulated asynchrony: clients whose update is on its way
         self.server_data = server_data
         self.seed = seed
         self.round_offset = round_offset
@@ -125,9 +150,35 @@ class WeightedFedAvg(FedAvg):
         logger.info("\t├──> recipe: %s", self.recipe)
         super().summary()
 
-    def _sample(self, grid: Grid, server_round: int, fraction: float, minimum: int, stream: int) -> list[int]:
+    @property
+    def asynchronous(self) -> bool:
+        return self.delay_std > 0 or self.deadline is not None
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, **kwargs: Any) -> Result:
+        """Flower's ``Strategy.start``; with a round deadline, on a :class:`DeadlineGrid` around ``grid``."""
+        if self.deadline is not None:
+            self.deadline_grid = DeadlineGrid(grid, self.deadline)
+            grid = self.deadline_grid
+        return super().start(grid, initial_arrays, num_rounds, **kwargs)
+
+    def busy_nodes(self) -> set[int]:
+        """Nodes whose update is still on its way: not to be sampled (spec: no re-sampling in flight)."""
+        busy = set(self.deadline_grid.busy_nodes()) if self.deadline_grid else set()
+        in_flight = self.dispatches.in_flight()
+        if in_flight:
+            busy |= {node for node, partition in self.directory.partition_of.items() if partition in in_flight}
+        return busy
+
+    def _sample(
+        self, grid: Grid, server_round: int, fraction: float, minimum: int, stream: int, busy: set[int] | None = None
+    ) -> list[int]:
         node_ids = self.directory.refresh(grid, max(self.min_available_nodes, minimum))
         size = sample_size(len(node_ids), fraction, minimum)
+        if busy:
+            node_ids = [node for node in node_ids if node not in busy]
+            size = min(size, len(node_ids))
+            if size == 0:
+                return []
         return sample_nodes(self.directory, node_ids, self.seed + stream, server_round, size)
 
     def round_values(self, server_round: int) -> dict[str, ConfigValue]:
@@ -140,24 +191,91 @@ class WeightedFedAvg(FedAvg):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Sample clients reproducibly and send them the model, the recipe and the round's values."""
+        """Sample idle clients reproducibly and send them the model, the recipe and the round's values.
+
+        With simulated delays, a sampled client whose update is late is sent
+        nothing yet: it gets its instruction (the model and values of the
+        round it was sampled in) in the round its update arrives.
+        """
         current = server_round + self.round_offset
         if self.fraction_train == 0.0:
             return []
-        chosen = self._sample(grid, current, self.fraction_train, self.min_train_nodes, stream=0)
         self.global_models[current] = decode(arrays)
-        for old in [r for r in self.global_models if r < current - self.max_staleness]:
-            del self.global_models[old]
+        self._forget_unneeded_models(current)
         values = self.round_values(current)
-        self.records[current] = RoundRecord(
-            round=current,
-            sampled=[self.directory.partition_of.get(node, -1) for node in chosen],
-            diagnostics=dict(values),
-        )
-        train_config = ConfigRecord({**dict(config), **self.recipe, **values, SERVER_ROUND: current})
-        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: train_config})
-        self._sent = list(self._construct_messages(content, chosen, MessageType.TRAIN))
+        record = self.records[current] = RoundRecord(round=current, diagnostics=dict(values))
+        self._sent = []
+        if not self.update.needs_clients:  # the server trains alone (Center)
+            return []
+        chosen = self._sample(grid, current, self.fraction_train, self.min_train_nodes, 0, self.busy_nodes())
+        record.sampled = [self.directory.partition_of.get(node, -1) for node in chosen]
+        now = chosen
+        if self.delay_std > 0:
+            now = []
+            for node, partition in zip(chosen, record.sampled, strict=True):
+                late = delay(self.seed, current, partition, self.delay_std)
+                if late == 0:
+                    now.append(node)
+                else:
+                    self.dispatches.send(partition, current, current + late)
+        self._sent = self._instructions(now, current, arrays, config)
+        if self.delay_std > 0:
+            self._sent += self._arrivals(current, config, record)
         return self._sent
+
+    def _instructions(
+        self, nodes: Sequence[int], model_round: int, arrays: ArrayRecord, config: ConfigRecord
+    ) -> list[Message]:
+        """Train instructions: the model of ``model_round`` with that round's recipe and values."""
+        if not nodes:
+            return []
+        values = self.round_values(model_round)
+        train_config = ConfigRecord({**dict(config), **self.recipe, **values, SERVER_ROUND: model_round})
+        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: train_config})
+        return list(self._construct_messages(content, list(nodes), MessageType.TRAIN))
+
+    def _arrivals(self, current: int, config: ConfigRecord, record: RoundRecord) -> list[Message]:
+        """Instructions for the clients sampled earlier whose update arrives now (simulated delays)."""
+        node_of = {partition: node for node, partition in self.directory.partition_of.items()}
+        connected = set(self.directory.connected)
+        by_round: dict[int, list[int]] = {}
+        for dispatch in self.dispatches.arriving(current):
+            late = current - dispatch.round
+            node = node_of.get(dispatch.partition)
+            if late > self.max_staleness:
+                why = (
+                    f"its update arrives {late} rounds after it was sent; "
+                    f"accepted: at most max-staleness = {self.max_staleness}"
+                )
+            elif node is None or node not in connected:
+                why = "the node left the federation before its update arrived"
+            else:
+                by_round.setdefault(dispatch.round, []).append(node)
+                continue
+            logger.warning("round %d: left out partition %d: %s", current, dispatch.partition, why)
+            record.left_out[str(dispatch.partition)] = why
+        messages = []
+        for model_round, nodes in sorted(by_round.items()):
+            messages += self._instructions(nodes, model_round, encode(self.global_models[model_round]), config)
+        return messages
+
+    def _forget_unneeded_models(self, current: int) -> None:
+        """Keep the global models an update may still be applied against; forget the rest.
+
+        Synchronously: the last ``max_staleness`` rounds'. Asynchronously: the
+        ones updates on their way started from (never older than
+        ``max_staleness`` rounds), and this round's.
+        """
+        oldest = current - self.max_staleness
+        if self.asynchronous:
+            needed = self.dispatches.rounds()
+            if self.deadline_grid is not None:
+                needed |= set(range(oldest, current + 1))  # replies in flight name their round only on arrival
+            keep = {r for r in needed if r >= oldest} | {current}
+        else:
+            keep = {r for r in self.global_models if r >= oldest}
+        for old in [r for r in self.global_models if r not in keep]:
+            del self.global_models[old]
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -174,23 +292,30 @@ class WeightedFedAvg(FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Check replies, weigh them with the rule, apply the server update, record."""
+        """Check replies, hold back or release delayed ones, weigh them with the rule, apply the server update."""
         current = server_round + self.round_offset
         record = self.records.setdefault(current, RoundRecord(round=current))
         reference = self.global_models.get(current)
         if reference is None:
             raise RuntimeError(f"round {current} is aggregated but was never configured")
         replies = list(replies)
-        origin = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent if m.metadata.message_id}
-        oldest = min(self.global_models)  # configure_train keeps the last max_staleness rounds' models
+        sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent if m.metadata.message_id}
+        origin = {**(self.deadline_grid.origins() if self.deadline_grid else {}), **sent}
+        oldest = min(self.global_models)  # configure_train keeps the models replies may still need
         accepted, rejected = valid_replies(current, replies, reference, self.rule.signals, origin, oldest)
-        rejected.update(_unanswered(current, origin, replies))
-        record.left_out = {str(self.directory.partition_of.get(n, n)): why for n, why in rejected.items()}
-        if not accepted:
-            logger.warning("round %d: no valid reply; the global model stays as it was", current)
+        if self.deadline_grid is None:
+            rejected.update(_unanswered(current, sent, replies))
+        record.left_out.update({str(self.directory.partition_of.get(n, n)): why for n, why in rejected.items()})
+        record.in_flight = self._in_flight_partitions()
+        if not accepted and self.update.needs_clients:
+            self._account_memory(current, record)
+            if self.asynchronous:
+                logger.info("round %d: no update arrived; the global model stays as it was", current)
+            else:
+                logger.warning("round %d: no valid reply; the global model stays as it was", current)
             return None, None
         # Replies arrive in any order; summing in partition order makes runs bit-reproducible.
-        accepted.sort(key=lambda reply: (reply.partition_id, reply.node_id))
+        accepted.sort(key=lambda reply: (reply.partition_id, reply.node_id, reply.model_round))
 
         sizes = np.array([reply.num_examples for reply in accepted], dtype=np.float64)
         models = [reply.arrays for reply in accepted]
@@ -199,31 +324,62 @@ class WeightedFedAvg(FedAvg):
         values: dict[str, np.ndarray] = {
             key: np.array([reply.signals[key] for reply in accepted], dtype=np.float64) for key in self.rule.signals
         }
-        derived_from = as_current(models, model_rounds, current, reference, start_models)
-        values.update(self.rule.derive_signals(derived_from, reference, sizes))
-        outcome = self.rule(RoundSignals(num_examples=sizes, values=values))
-        _check_weights(outcome, len(accepted), self.rule.name)
-
-        averaged = self.update(
-            RoundUpdate(
-                current, reference, models, model_rounds, outcome.weights, sizes, values, start_models, self.server_data
-            )
+        if accepted:
+            derived_from = as_current(models, model_rounds, current, reference, start_models)
+            values.update(self.rule.derive_signals(derived_from, reference, sizes))
+            outcome = self.rule(RoundSignals(num_examples=sizes, values=values))
+            _check_weights(outcome, len(accepted), self.rule.name)
+        else:
+            outcome = RuleOutcome(weights=np.zeros(0))
+        step = RoundUpdate(
+            current,
+            reference,
+            models,
+            model_rounds,
+            outcome.weights,
+            sizes,
+            values,
+            start_models,
+            self.server_data,
+            partitions=[reply.partition_id for reply in accepted],
+            clients_per_round=len(record.sampled),
         )
+        averaged = self.update(step)
+        self._account_memory(current, record)
         if not all_finite(averaged):
             logger.warning("round %d: the new model is not finite; the global model stays as it was", current)
             return None, None
 
         record.aggregated = True
         record.diagnostics.update({k: v for k, v in outcome.diagnostics.items() if not _per_client(v, len(accepted))})
-        record.clients = [_client_entry(index, reply, current, outcome, values) for index, reply in enumerate(accepted)]
-        metrics = MetricRecord(
+        record.diagnostics.update(step.diagnostics)
+        record.clients = [
+            _client_entry(index, reply, current, outcome, values, self.update.uses_weights)
+            for index, reply in enumerate(accepted)
+        ]
+        metrics = {"num-clients": len(accepted), "num-left-out": len(rejected)}
+        if accepted:
+            metrics[TRAIN_LOSS] = float(np.dot(sizes, [r.train_loss for r in accepted]) / sizes.sum())
+        return encode(averaged), MetricRecord(metrics)
+
+    def _in_flight_partitions(self) -> list[int]:
+        nodes = self.deadline_grid.busy_nodes() if self.deadline_grid else set()
+        partitions = self.dispatches.in_flight() | {self.directory.partition_of.get(node, -1) for node in nodes}
+        return sorted(partitions)
+
+    def _account_memory(self, current: int, record: RoundRecord) -> None:
+        """Forget the global models no update needs any more; record how many the server holds, and their size."""
+        if not self.asynchronous:
+            return
+        self._forget_unneeded_models(current)
+        model_bytes = sum(_nbytes(model) for model in self.global_models.values())
+        record.diagnostics.update(
             {
-                TRAIN_LOSS: float(np.dot(sizes, [r.train_loss for r in accepted]) / sizes.sum()),
-                "num-clients": len(accepted),
-                "num-left-out": len(rejected),
+                "in-flight": len(record.in_flight),
+                "held-models": len(self.global_models),
+                "held-mb": round(model_bytes / 2**20, 3),
             }
         )
-        return encode(averaged), metrics
 
     # -- state for checkpoints ---------------------------------------------------
 
@@ -236,27 +392,41 @@ class WeightedFedAvg(FedAvg):
         """
         latest = max(self.global_models, default=0)
         needed = {r: dict(m) for r, m in self.global_models.items() if r >= latest + 1 - self.max_staleness}
-        return {"rule": self.rule.state(), "update": self.update.state(), "global_models": needed}
+        state: dict[str, Any] = {"rule": self.rule.state(), "update": self.update.state(), "global_models": needed}
+        if len(self.dispatches):
+            state["dispatches"] = self.dispatches.state()
+        return state
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         self.rule.load_state(state.get("rule", {}))
         self.update.load_state(state.get("update", {}))
         self.global_models.update({int(r): dict(m) for r, m in state.get("global_models", {}).items()})
+        self.dispatches.load_state(state.get("dispatches", []))
+
+
+def _nbytes(arrays: NamedArrays) -> int:
+    return sum(np.asarray(value).nbytes for value in arrays.values())
 
 
 def _client_entry(
-    index: int, reply: ClientReply, server_round: int, outcome: RuleOutcome, values: Mapping[str, np.ndarray]
+    index: int,
+    reply: ClientReply,
+    server_round: int,
+    outcome: RuleOutcome,
+    values: Mapping[str, np.ndarray],
+    weighted: bool = True,
 ) -> dict[str, Any]:
-    """One client's line of the round record: who, how much, its weight, signals and reported metrics."""
+    """One client's line of the round record: who, how much, its weight (if the update uses one), signals, metrics."""
     count = len(outcome.weights)
     entry: dict[str, Any] = {
         "partition": reply.partition_id,
         "node": reply.node_id,
         "num_examples": reply.num_examples,
         TRAIN_LOSS: reply.train_loss,
-        "weight": float(outcome.weights[index]),
         "staleness": server_round - reply.model_round,
     }
+    if weighted:
+        entry["weight"] = float(outcome.weights[index])
     entry.update({key: float(series[index]) for key, series in values.items()})
     entry.update({key: float(v[index]) for key, v in outcome.diagnostics.items() if _per_client(v, count)})
     entry.update({key: value for key, value in reply.reported.items() if key not in entry})

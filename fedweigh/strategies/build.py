@@ -3,7 +3,7 @@
 :func:`build_strategy` turns a :class:`~fedweigh.methods.RunPlan` into a
 :class:`~fedweigh.strategies.base.WeightedFedAvg`: the rule from
 :data:`~fedweigh.rules.registry.RULES`, the server update from
-:data:`~fedweigh.strategies.updates.UPDATES`, the train instruction (the
+:data:`~fedweigh.strategies.registry.UPDATES`, the train instruction (the
 :class:`~fedweigh.protocol.TrainRecipe`, the client steps and their options)
 and the learning-rate schedule.
 
@@ -22,8 +22,10 @@ from fedweigh.protocol import CLIENT_STEPS, STEPS, ConfigValue, TrainRecipe, tab
 from fedweigh.rules.registry import RULES
 from fedweigh.settings import Settings
 from fedweigh.strategies.base import WeightedFedAvg
+from fedweigh.strategies.deadline import Deadline
+from fedweigh.strategies.registry import UPDATES
+from fedweigh.strategies.sampling import NodeDirectory
 from fedweigh.strategies.schedules import STEP_SCHEDULES, LearningRateDecay
-from fedweigh.strategies.updates import UPDATES
 
 
 def train_instruction(settings: Settings, plan: RunPlan) -> dict[str, ConfigValue]:
@@ -39,18 +41,35 @@ def train_instruction(settings: Settings, plan: RunPlan) -> dict[str, ConfigValu
     return instruction
 
 
-def build_strategy(settings: Settings, round_offset: int = 0, server_data: object | None = None) -> WeightedFedAvg:
-    """The strategy the settings describe, ready for ``start``."""
+def build_strategy(
+    settings: Settings,
+    round_offset: int = 0,
+    server_data: object | None = None,
+    directory: NodeDirectory | None = None,
+) -> WeightedFedAvg:
+    """The strategy the settings describe, ready for ``start``.
+
+    ``server_data`` is the server's own data (see
+    :func:`fedweigh.components.server_and_test_data`); ``directory``, the
+    node directory the app has already filled while waiting for the nodes.
+    """
     plan = plan_run(settings)
-    return WeightedFedAvg(
+    deadline = (
+        Deadline(settings.round_deadline, settings.min_round_replies, settings.max_staleness)
+        if settings.round_deadline > 0
+        else None
+    )
+    strategy = WeightedFedAvg(
         RULES[plan.rule].build(settings),
         train_instruction(settings, plan),
-        update=UPDATES[plan.update](),
+        update=UPDATES[plan.update].build(settings, server_data),
         schedules=[
             LearningRateDecay(settings.learning_rate, settings.lr_decay),
             *(STEP_SCHEDULES[name](settings) for name in plan.step_names if name in STEP_SCHEDULES),
         ],
         max_staleness=settings.max_staleness,
+        delay_std=settings.delay_std,
+        deadline=deadline,
         server_data=server_data,
         seed=settings.seed,
         round_offset=round_offset,
@@ -60,3 +79,6 @@ def build_strategy(settings: Settings, round_offset: int = 0, server_data: objec
         fraction_evaluate=settings.fraction_evaluate,
         min_evaluate_nodes=1 if settings.fraction_evaluate > 0 else 0,
     )
+    if directory is not None:
+        strategy.directory = directory
+    return strategy

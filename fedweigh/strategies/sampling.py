@@ -61,6 +61,7 @@ class NodeDirectory:
         self.query_timeout = query_timeout
         self.partition_of: dict[int, int] = {}
         self.num_partitions: int | None = None
+        self.connected: list[int] = []  # the nodes connected at the last refresh
 
     def refresh(self, grid: Grid, min_nodes: int, wait_timeout: float = 3600.0) -> list[int]:
         """Wait for ``min_nodes`` connected nodes, learn new ones, return connected ids."""
@@ -76,6 +77,7 @@ class NodeDirectory:
         unknown = [node for node in node_ids if node not in self.partition_of]
         if unknown:
             self._learn(grid, unknown)
+        self.connected = node_ids
         return node_ids
 
     def await_federation(self, grid: Grid, min_nodes: int, timeout: float = 300.0) -> list[int]:

@@ -13,10 +13,15 @@ checkpoint, so a resumed run continues exactly.
 (trained on the model of an earlier round ``s``) is applied as the update it
 made, relative to the model it started from: it enters the mean as
 ``θ_t + (θ_k − θ_s)``. With fresh replies only that is the plain weighted
-mean, bit for bit. Other updates (Feddle's coefficient search on server-held
-data, FedBuff's buffered step) subclass :class:`ServerUpdate`; one that does
-not use the rule's weights says so (``uses_weights = False``), and the check
-before training refuses an ``aggregation`` chosen alongside it.
+mean, bit for bit. :class:`FedAsync` mixes each arrival into the model in
+turn, discounted by its staleness. Other updates (Feddle's coefficient search
+on server-held data and FedBuff's step in :mod:`fedweigh.strategies.feddle`,
+Center and Fed+FT in :mod:`fedweigh.strategies.server_training`) subclass
+:class:`ServerUpdate` too. An update says what it needs, and the check before
+training holds a run to it: the rule's weights (``uses_weights``; if not, an
+``aggregation`` setting is refused), the server's data (``server_data``: the
+kinds it accepts), client replies at all (``needs_clients``). It may write
+what it did into the round's record (``RoundUpdate.diagnostics``).
 
 Example
 -------
@@ -40,6 +45,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from fedweigh.settings import Settings
 from fedweigh.strategies.aggregation import NamedArrays, weighted_average
 
 
@@ -69,6 +75,12 @@ class RoundUpdate:
         reply started from.
     server_data : object or None
         The server's own data, when the run has some (Feddle).
+    partitions : sequence of int
+        Each reply's partition (client), for the record.
+    clients_per_round : int
+        How many clients the round sampled.
+    diagnostics : dict
+        Filled by the update with what it did; goes into the round's record.
     """
 
     server_round: int
@@ -80,6 +92,18 @@ class RoundUpdate:
     signals: Mapping[str, np.ndarray] = field(default_factory=dict)
     start_models: Mapping[int, NamedArrays] = field(default_factory=dict)
     server_data: object | None = None
+    partitions: Sequence[int] = ()
+    clients_per_round: int = 0
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+
+    def start_model(self, index: int) -> NamedArrays:
+        """The global model reply ``index`` started from."""
+        model_round = self.model_rounds[index]
+        return self.global_model if model_round == self.server_round else self.start_models[model_round]
+
+    def staleness(self, index: int) -> int:
+        """Rounds between the model reply ``index`` trained and this round."""
+        return self.server_round - self.model_rounds[index]
 
     def current_models(self) -> list[NamedArrays]:
         """Every reply as a model of this round (see :func:`as_current`)."""
@@ -121,6 +145,15 @@ class ServerUpdate:
     name: ClassVar[str] = "update"
     uses_weights: ClassVar[bool] = True
     """False for an update that ignores the rule's weights (the check before training then refuses ``aggregation``)."""
+    server_data: ClassVar[tuple[str, ...]] = ()
+    """The kinds of server data it needs (``"id"``, ``"ood"``); empty: none."""
+    needs_clients: ClassVar[bool] = True
+    """False for an update that trains on the server's data alone (no client is sent anything)."""
+
+    @classmethod
+    def build(cls, settings: Settings, server_data: object | None = None) -> ServerUpdate:
+        """The update the settings describe (most take no options)."""
+        return cls()
 
     def __call__(self, update: RoundUpdate) -> dict[str, np.ndarray]:
         raise NotImplementedError
@@ -142,5 +175,34 @@ class WeightedMean(ServerUpdate):
         return weighted_average(update.current_models(), update.weights)
 
 
-UPDATES: dict[str, type[ServerUpdate]] = {update.name: update for update in (WeightedMean,)}
-"""Every server update, by name."""
+class FedAsync(ServerUpdate):
+    """FedAsync: each arrival in turn, ``w ← (1 − α_τ) w + α_τ w_client``, ``α_τ = α (τ + 1)^(−a)``.
+
+    The client's own model is mixed in (not rebased: FedAsync's rule), in
+    partition order; its staleness τ discounts it. Integer buffers are mixed
+    in float64 and rounded.
+    """
+
+    name = "fedasync"
+    uses_weights = False
+
+    def __init__(self, alpha: float = 0.4, a: float = 0.5) -> None:
+        self.alpha, self.a = alpha, a
+
+    @classmethod
+    def build(cls, settings: Settings, server_data: object | None = None) -> FedAsync:
+        return cls(settings.fedasync.alpha, settings.fedasync.a)
+
+    def mixing(self, staleness: int) -> float:
+        """``α (τ + 1)^(−a)``."""
+        return self.alpha * (staleness + 1.0) ** (-self.a)
+
+    def __call__(self, update: RoundUpdate) -> dict[str, np.ndarray]:
+        model = {name: np.asarray(value) for name, value in update.global_model.items()}
+        mixes = []
+        for index, client in enumerate(update.models):
+            alpha = self.mixing(update.staleness(index))
+            mixes.append(alpha)
+            model = weighted_average([model, client], np.array([1.0 - alpha, alpha]))
+        update.diagnostics["mixing"] = [round(alpha, 6) for alpha in mixes]
+        return model

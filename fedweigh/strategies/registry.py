@@ -1,0 +1,15 @@
+"""Every server update, by the name a method gives (:attr:`fedweigh.methods.Method.update`).
+
+>>> sorted(UPDATES)
+['center', 'fedasync', 'fedbuff', 'feddle', 'fedft', 'mean']
+"""
+
+from __future__ import annotations
+
+from fedweigh.strategies.feddle import FedBuffUpdate, FeddleUpdate
+from fedweigh.strategies.server_training import Center, FineTunedMean
+from fedweigh.strategies.updates import FedAsync, ServerUpdate, WeightedMean
+
+UPDATES: dict[str, type[ServerUpdate]] = {
+    update.name: update for update in (WeightedMean, FedAsync, FeddleUpdate, FedBuffUpdate, Center, FineTunedMean)
+}
