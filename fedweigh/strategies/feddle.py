@@ -451,5 +451,3 @@ class FedBuffUpdate(FeddleUpdate):
         update = super().build(settings, None)
         update.options = SearchOptions(search=False)
         return update  # type: ignore[return-value]
-
-
