@@ -44,7 +44,7 @@ from fedweigh.data.sources import (
     load_train_split,
     resolve_source,
 )
-from fedweigh.data.tensors import ImageTensors, decode_images, decode_labels
+from fedweigh.data.tensors import ImageTensors, decode_images, decode_labels, match_channels
 from fedweigh.data.transforms import BatchTransform
 
 ServerDataKind = Literal["id", "ood"]
@@ -103,15 +103,10 @@ def match_shape(images: torch.Tensor, channels: int, image_size: int) -> torch.T
     One channel becomes three by replication; three become one by ITU-R 601
     luma; other sizes are resized bilinearly (antialiased when shrinking).
     """
-    count, have, height, width = images.shape
+    have, height, width = images.shape[1:]
     if have not in (1, 3) or channels not in (1, 3):
         raise ValueError(f"images with {have} channels cannot be brought to {channels}; accepted: 1 or 3 channels")
-    x = images
-    if have == 1 and channels == 3:
-        x = x.expand(count, 3, height, width)
-    elif have == 3 and channels == 1:
-        weights = torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)
-        x = (x.float() * weights).sum(dim=1, keepdim=True).round().clamp(0, 255).to(torch.uint8)
+    x = match_channels(images, channels)
     if (height, width) != (image_size, image_size):
         resized = F.interpolate(
             x.float(), size=(image_size, image_size), mode="bilinear", align_corners=False, antialias=True

@@ -115,7 +115,7 @@ def _luma(images: torch.Tensor) -> torch.Tensor:
     return gray.round_().clamp_(0, 255).to(torch.uint8)
 
 
-def _match_channels(images: torch.Tensor, channels: int | None) -> torch.Tensor:
+def match_channels(images: torch.Tensor, channels: int | None) -> torch.Tensor:
     """``[N, C, H, W]`` with C in 1..4 (alpha dropped) turned into ``channels`` (1 or 3)."""
     have = images.shape[1]
     if have not in (1, 2, 3, 4):
@@ -227,7 +227,7 @@ def _decode_arrays(
         if not np.issubdtype(array.dtype, np.integer) or array.min() < 0 or array.max() > 255:
             raise ValueError(f"column {column!r} must hold 8-bit pixel values 0..255, got dtype {array.dtype}")
         array = array.astype(np.uint8)
-    images = _match_channels(torch.from_numpy(np.ascontiguousarray(array)), channels)
+    images = match_channels(torch.from_numpy(np.ascontiguousarray(array)), channels)
     _check_size(images.shape[2], images.shape[3], image_size)
     return images
 
