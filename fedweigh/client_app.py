@@ -51,6 +51,7 @@ from fedweigh.components import batch_transform, configure_torch, data_spec, new
 from fedweigh.data.federated import DataSpec, dataset_info, load_partition
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.models import on_device
+from fedweigh.models.finetuning import exchanged_state, frozen_digest, load_exchanged_state
 from fedweigh.protocol import (
     ARRAYS,
     CLIENT_STEPS,
@@ -58,6 +59,7 @@ from fedweigh.protocol import (
     DATA_DIR,
     EVAL_ACCURACY,
     EVAL_LOSS,
+    FROZEN_DIGEST,
     METRICS,
     MODEL_ROUND,
     NUM_EXAMPLES,
@@ -122,17 +124,27 @@ def client_seed(seed: int, server_round: int, partition_id: int) -> int:
 
 
 @functools.lru_cache(maxsize=2)
-def _cached_model(settings: Settings) -> nn.Module:
-    """This process's model for ``settings``, built once, on its device in its fastest memory format."""
-    return on_device(new_model(settings), resolve_device(settings.device))
+def _cached_model(settings: Settings) -> tuple[nn.Module, str]:
+    """This process's model for ``settings`` and the digest of its frozen part, built once, on its device."""
+    model = new_model(settings)
+    digest = frozen_digest(model)
+    return on_device(model, resolve_device(settings.device)), digest
 
 
 def _setup(message: Message, context: Context) -> tuple[Settings, nn.Module, torch.device]:
+    """The run's settings, and its model holding the message's tensors (only the trainable ones travel)."""
     configure_torch()
     settings = settings_from(context.run_config)
     device = resolve_device(settings.device)
-    model = _cached_model(settings)
-    model.load_state_dict(message.content[ARRAYS].to_torch_state_dict())
+    model, digest = _cached_model(settings)
+    expected = message.content[CONFIG].get(FROZEN_DIGEST, "") if CONFIG in message.content else ""
+    if expected and expected != digest:
+        raise ValueError(
+            f"this node's frozen model part (digest {digest or 'none'}) differs from the server's ({expected}): "
+            f"every node must build model = {settings.model!r} from the same weights; check model-pretrained and "
+            f"model-weights = {settings.model_weights!r} (the same file, or the same Hub revision, everywhere)"
+        )
+    load_exchanged_state(model, message.content[ARRAYS].to_torch_state_dict())
     return settings, model, device
 
 
@@ -241,7 +253,7 @@ def train(message: Message, context: Context) -> Message:
             **{key: float(value) for key, value in signals.items()},
         }
     )
-    return Message(RecordDict({ARRAYS: ArrayRecord(model.state_dict()), METRICS: metrics}), reply_to=message)
+    return Message(RecordDict({ARRAYS: ArrayRecord(exchanged_state(model)), METRICS: metrics}), reply_to=message)
 
 
 @app.evaluate()
@@ -249,6 +261,8 @@ def evaluate_locally(message: Message, context: Context) -> Message:
     """Loss and accuracy of the received model on this node's partition."""
     settings, model, device = _setup(message, context)
     data, _, _ = local_data(settings, context)
-    result = evaluate(model, data, batch_transform(settings), device, settings.eval_batch_size)
+    result = evaluate(
+        model, data, batch_transform(settings), device, settings.eval_batch_size, settings.mixed_precision
+    )
     metrics = MetricRecord({NUM_EXAMPLES: result.num_examples, EVAL_LOSS: result.loss, EVAL_ACCURACY: result.accuracy})
     return Message(RecordDict({METRICS: metrics}), reply_to=message)

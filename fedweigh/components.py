@@ -18,9 +18,11 @@ from torch import nn
 
 from fedweigh.data.federated import DataSpec, dataset_info, load_test_split
 from fedweigh.data.server import ServerData, hold_out, load_other_dataset
+from fedweigh.data.sources import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
-from fedweigh.models import build_model
+from fedweigh.models import ModelInput, build_model, model_input
+from fedweigh.models.finetuning import FineTuning, apply_fine_tuning
 from fedweigh.settings import Settings, validate
 
 
@@ -73,23 +75,65 @@ def data_spec(settings: Settings, num_partitions: int) -> DataSpec:
     return DataSpec(**values, num_partitions=num_partitions, seed=settings.data_seed)
 
 
-def new_model(settings: Settings) -> nn.Module:
-    """The model the settings name (with their model options), shaped for their dataset, seeded by ``seed``."""
+def fine_tuning(settings: Settings) -> FineTuning:
+    """The ``fine-tuning`` and ``lora-*`` settings."""
+    return FineTuning(
+        mode=settings.fine_tuning,
+        lora_rank=settings.lora_rank,
+        lora_alpha=settings.lora_alpha,
+        lora_dropout=settings.lora_dropout,
+        lora_targets=settings.lora_target_names,
+    )
+
+
+def input_of(settings: Settings) -> ModelInput:
+    """The input the run's model needs (its size, channels and normalisation; None: the dataset's)."""
+    return model_input(settings.model, **settings.model_options())
+
+
+def new_model(settings: Settings, *, pretrained_weights: bool = True) -> nn.Module:
+    """The model the settings name, shaped for their dataset and fine-tuned as they say, seeded by ``seed``.
+
+    Its input is the model's own when it has one (:func:`input_of`: a
+    pretrained model's 3 x 224 x 224), else the dataset's. With
+    ``pretrained_weights=False`` the architecture is built without loading
+    the weights ``model-pretrained`` asks for (the preflight check builds it
+    on the meta device, where nothing can be loaded).
+    """
     info = dataset_info(settings.dataset)
+    needs = input_of(settings)
+    options = settings.model_options()
+    if not pretrained_weights:
+        options.pop("pretrained", None)
+        options.pop("weights", None)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
-        return build_model(
+        model = build_model(
             settings.model,
             num_classes=info.num_classes,
-            in_channels=info.in_channels,
-            image_size=info.image_size,
-            **settings.model_options(),
+            in_channels=needs.channels or info.in_channels,
+            image_size=needs.size or info.image_size,
+            **options,
         )
+        return apply_fine_tuning(model, fine_tuning(settings))
 
 
-def batch_transform(settings: Settings) -> BatchTransform:
-    """Normalisation (and, for training, the dataset's augmentation)."""
-    return BatchTransform(dataset_info(settings.dataset), augment=settings.augment)
+def batch_transform(settings: Settings, augment: bool | None = None) -> BatchTransform:
+    """The dataset's augmentation (training only), then the model's input: size, channels, normalisation."""
+    needs = input_of(settings)
+    return BatchTransform(
+        dataset_info(settings.dataset),
+        augment=settings.augment if augment is None else augment,
+        size=needs.size,
+        channels=needs.channels,
+        mean=needs.mean,
+        std=needs.std,
+    )
+
+
+def _model_transform(info: DatasetInfo, needs: ModelInput) -> BatchTransform:
+    """Batches of the dataset ``info`` describes, unaugmented, in the input ``needs`` names."""
+    return BatchTransform(info, False, size=needs.size, channels=needs.channels, mean=needs.mean, std=needs.std)
 
 
 def server_and_test_data(settings: Settings, num_partitions: int) -> tuple[ServerData | None, ImageTensors]:
@@ -114,9 +158,14 @@ def server_and_test_data(settings: Settings, num_partitions: int) -> tuple[Serve
     if in_distribution:
         assert held is not None
         mine = held.subset(torch.arange(settings.server_data_size))
-        transform = BatchTransform(info, augment=settings.augment)
+        transform = batch_transform(settings)
         return ServerData("id", mine, info.num_classes, transform, "held out of the test split"), evaluation
     other = load_other_dataset(
-        settings.server_data, settings.server_data_size, settings.data_seed, info.in_channels, info.image_size
+        settings.server_data,
+        settings.server_data_size,
+        settings.data_seed,
+        info.in_channels,
+        info.image_size,
+        functools.partial(_model_transform, needs=input_of(settings)),
     )
     return other, evaluation

@@ -45,6 +45,7 @@ from fedweigh.data.federated import partition_sizes
 from fedweigh.data.sources import validate_dataset_setting
 from fedweigh.methods import METHODS, plan_run
 from fedweigh.models import model_names, model_options
+from fedweigh.models.weights import WeightsUnavailable, fetch
 from fedweigh.protocol import STEPS
 from fedweigh.rules.registry import RULES
 from fedweigh.settings import Catalog, Settings, SettingsError, validate
@@ -90,10 +91,23 @@ def combination_problems(settings: Settings) -> list[str]:
         RULES[plan.rule].build(settings)
     except ValueError as err:
         problems.append(f"{plan.rule_origin}: {err}")
+    if settings.mixed_precision == "fp16" and settings.device == "cpu":
+        problems.append(
+            "mixed-precision = 'fp16' needs a CUDA device, but device = 'cpu'; accepted: mixed-precision = 'bf16' "
+            "or 'off' on a CPU, or device = 'cuda' / 'auto' on GPU machines"
+        )
+    if settings.model_pretrained:
+        try:
+            fetch(settings.model, settings.model_weights)  # downloads once, into the cache the clients read
+        except WeightsUnavailable as err:
+            problems.append(str(err))
+    try:
+        with torch.device("meta"):  # the architecture, fine-tuning included, without memory or weights
+            model = new_model(settings, pretrained_weights=False)
+    except ValueError as err:
+        return [*problems, f"model = {settings.model!r} cannot be built as the settings say: {err}"]
     if plan.steps:
         instruction = train_instruction(settings, plan)
-        with torch.device("meta"):
-            model = new_model(settings)
         for name, origin in plan.steps:
             try:
                 CLIENT_STEPS[name].check_model(model, instruction)

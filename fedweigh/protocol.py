@@ -58,6 +58,9 @@ SERVER_ROUND = "server-round"
 """The round an instruction belongs to (and whose global model it carries)."""
 CLIENT_STEPS = "client-steps"
 """Names of the client steps to run, in order (see :data:`STEPS`)."""
+FROZEN_DIGEST = "frozen-digest"
+"""Hash of the model's frozen part (a pretrained body under LoRA), which never travels: a client whose
+own differs refuses the instruction. Absent when every tensor trains (and travels)."""
 
 ConfigValue = int | float | str | bool | list[str] | list[int] | list[float]
 
@@ -89,6 +92,7 @@ class TrainRecipe:
     adam_eps: float = 1e-8
     proximal_mu: float = 0.0
     persist_optimizer_state: bool = False
+    mixed_precision: str = "off"
 
     def to_config(self) -> dict[str, ConfigValue]:
         """The recipe as train-config entries."""

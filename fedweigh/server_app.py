@@ -23,6 +23,7 @@ from fedweigh.client.training import evaluate
 from fedweigh.components import batch_transform, configure_torch, new_model, resolve_device, server_and_test_data
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.models import on_device
+from fedweigh.models.finetuning import exchanged_state, frozen_digest, load_exchanged_state
 from fedweigh.preflight import check_run, data_problems
 from fedweigh.results import Checkpoint, RunRecorder, resolve_run_dir
 from fedweigh.settings import Settings, SettingsError
@@ -37,11 +38,20 @@ app = ServerApp()
 
 
 def central_evaluation(
-    settings: Settings, test: ImageTensors, strategy: WeightedFedAvg, recorder: RunRecorder, run_dir: Path
+    settings: Settings,
+    test: ImageTensors,
+    strategy: WeightedFedAvg,
+    recorder: RunRecorder,
+    run_dir: Path,
+    model: torch.nn.Module | None = None,
 ) -> Callable[[int, ArrayRecord], MetricRecord | None]:
-    """The ``evaluate_fn`` for ``Strategy.start``: test (every ``evaluate-every`` rounds), record, checkpoint."""
+    """The ``evaluate_fn`` for ``Strategy.start``: test (every ``evaluate-every`` rounds), record, checkpoint.
+
+    ``model`` is the run's model, which holds the frozen part that does not
+    travel (built here when not given).
+    """
     device = resolve_device(settings.device)
-    model = on_device(new_model(settings), device)
+    model = on_device(model if model is not None else new_model(settings), device)
     transform = batch_transform(settings)
 
     def evaluate_round(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
@@ -53,8 +63,8 @@ def central_evaluation(
         row: dict[str, object] = {"round": current}
         result = None
         if current % settings.evaluate_every == 0 or current == settings.num_server_rounds:
-            model.load_state_dict(arrays.to_torch_state_dict())
-            result = evaluate(model, test, transform, device, settings.eval_batch_size)
+            load_exchanged_state(model, arrays.to_torch_state_dict())
+            result = evaluate(model, test, transform, device, settings.eval_batch_size, settings.mixed_precision)
             row.update(
                 {
                     "accuracy": result.accuracy,
@@ -93,6 +103,7 @@ def main(grid: Grid, context: Context) -> None:
     resolve_device(settings.device)  # device = 'cuda' on a machine without one: fail before anything is written
     run_dir = resolve_run_dir(settings.output_dir, settings.run_name, settings.resume_from, settings.strategy)
 
+    model = new_model(settings)  # only its trainable tensors travel; the server keeps the frozen rest
     if settings.resume_from:
         checkpoint = Checkpoint.load(run_dir / "checkpoint.pt")
         start_round = checkpoint.round
@@ -100,7 +111,7 @@ def main(grid: Grid, context: Context) -> None:
         logger.info("[fedweigh] resuming %s after round %d", run_dir, start_round)
     else:
         start_round = 0
-        initial = ArrayRecord(new_model(settings).state_dict())
+        initial = ArrayRecord(exchanged_state(model))
     if start_round >= settings.num_server_rounds:
         raise ValueError(
             f"setting resume-from = {settings.resume_from!r} already holds {start_round} rounds; "
@@ -117,7 +128,13 @@ def main(grid: Grid, context: Context) -> None:
         logger.info(
             "[fedweigh] server data: %d images (%s, %s)", len(server_data), server_data.kind, server_data.source
         )
-    strategy = build_strategy(settings, round_offset=start_round, server_data=server_data, directory=directory)
+    strategy = build_strategy(
+        settings,
+        round_offset=start_round,
+        server_data=server_data,
+        directory=directory,
+        frozen_digest=frozen_digest(model),
+    )
     if settings.resume_from:
         strategy.load_state(checkpoint.strategy_state)
 
@@ -128,7 +145,7 @@ def main(grid: Grid, context: Context) -> None:
         grid=grid,
         initial_arrays=initial,
         num_rounds=settings.num_server_rounds - start_round,
-        evaluate_fn=central_evaluation(settings, test, strategy, recorder, run_dir),
+        evaluate_fn=central_evaluation(settings, test, strategy, recorder, run_dir, model),
     )
 
     final_round = max(result.evaluate_metrics_serverapp, default=None)

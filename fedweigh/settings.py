@@ -271,6 +271,16 @@ class Settings(_Section):
     model_width: int = Field(0, ge=0)  # 0: the model's own width
     model_hidden: str = ""  # "" or comma-separated layer sizes, e.g. "128,128"
     model_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    model_pretrained: bool = False  # start from the model's published (or model-weights') weights
+    model_weights: str = ""  # "": the published weights; or a local file/folder, or a Hub id
+    model_input_size: int = Field(0, ge=0)  # 0: the model's own input size (224 for the pretrained models)
+    # fine-tuning: "" the model's own (LoRA for the ViTs, full otherwise), "full", "lora" or "head"
+    fine_tuning: Literal["", "full", "lora", "head"] = ""
+    lora_rank: int = Field(4, ge=1)
+    lora_alpha: float = Field(8.0, gt=0.0, allow_inf_nan=False)
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    lora_targets: str = ""  # "": the model's own (a ViT's attention projections); or comma-separated module names
+    mixed_precision: Literal["off", "bf16", "fp16"] = "off"  # autocast in training and evaluation
     # local training recipe
     local_epochs: int = Field(3, ge=1)
     batch_size: int = Field(32, ge=1)
@@ -364,10 +374,19 @@ class Settings(_Section):
             return self
         refused = [option for option in self.model_options() if option not in models[self.model]]
         if refused:
-            offered = [f"model-{option}" for option in models[self.model]]
+            offered = [f"model-{_dashed(option)}" for option in models[self.model]]
             raise ValueError(
-                f"model = {self.model!r} has no option {', '.join(f'model-{o}' for o in refused)}; "
+                f"model = {self.model!r} has no option {', '.join(f'model-{_dashed(o)}' for o in refused)}; "
                 f"accepted for this model: {', '.join(offered) or 'none'}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _weights_need_pretrained(self) -> Settings:
+        if self.model_weights and not self.model_pretrained:
+            raise ValueError(
+                f"model-weights = {self.model_weights!r} is only read with model-pretrained = true; "
+                "accepted: model-pretrained = true, or model-weights = ''"
             )
         return self
 
@@ -380,7 +399,18 @@ class Settings(_Section):
             options["hidden"] = hidden_sizes(self.model_hidden)
         if self.model_dropout:
             options["dropout"] = self.model_dropout
+        if self.model_pretrained:
+            options["pretrained"] = True
+        if self.model_weights:
+            options["weights"] = self.model_weights
+        if self.model_input_size:
+            options["input_size"] = self.model_input_size
         return options
+
+    @property
+    def lora_target_names(self) -> tuple[str, ...]:
+        """``lora-targets`` as a tuple of module names (empty: the model's own)."""
+        return tuple(step_names(self.lora_targets))
 
     @property
     def data_seed(self) -> int:

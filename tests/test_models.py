@@ -105,6 +105,9 @@ def test_registry_names_are_exactly_the_documented_ones() -> None:
         "vgg9",
         "resnet8",
         "resnet18",
+        "resnet18-imagenet",
+        "vit-b16",
+        "vit-tiny",
         "mlp",
     }
     assert set(MODEL_BUILDERS) == expected
@@ -225,7 +228,11 @@ def test_unknown_option_names_option_model_and_accepted_options() -> None:
 def test_model_options_lists_each_models_options() -> None:
     options = {name: model_options(name) for name in model_names()}
     assert options["mlp"] == ["dropout", "hidden"]
-    assert all(options[n] == ["width"] for n in options if n != "mlp")  # the CNN and ResNet families
+    assert options["resnet18-imagenet"] == ["input_size", "pretrained", "weights", "width"]
+    assert options["vit-b16"] == ["dropout", "pretrained", "weights"]
+    assert options["vit-tiny"] == ["dropout", "input_size", "pretrained", "weights"]
+    pretrained = {"mlp", "resnet18-imagenet", "vit-b16", "vit-tiny"}
+    assert all(options[n] == ["width"] for n in options if n not in pretrained)  # the CNN and ResNet families
 
 
 def test_resnet8_width_option_scales_the_network() -> None:

@@ -1,6 +1,7 @@
 """``fedweigh benchmark <name|all> [--quick] [--output FILE]``: run benchmarks, write JSON and a table.
 
-Benchmarks: ``overhead``, ``methods``, ``scale``, ``aggregation`` (see
+Benchmarks: ``overhead``, ``methods``, ``scale``, ``aggregation``, ``ufl-cost``,
+``feddle-cost``, ``fine-tuning`` (see
 :mod:`fedweigh.benchmarks`). Each writes ``benchmarks/results/<name>.json``
 (or ``--output``) and a markdown table beside it (``.md``), and prints the
 table. ``--quick`` runs a smaller version of each (fewer rounds, fewer
@@ -18,7 +19,7 @@ from typing import Any
 
 __all__ = ["BENCHMARKS", "add_benchmark_parser", "run_benchmark", "run_command", "render_table"]
 
-BENCHMARKS = ("overhead", "methods", "scale", "aggregation", "ufl-cost", "feddle-cost")
+BENCHMARKS = ("overhead", "methods", "scale", "aggregation", "ufl-cost", "feddle-cost", "fine-tuning")
 DEFAULT_PORT = 39201
 RESULTS_DIR = Path("benchmarks") / "results"
 
@@ -188,6 +189,29 @@ def render_table(name: str, report: dict[str, Any]) -> str:
         )
     if name == "feddle-cost":
         return _feddle_tables(report)
+    if name == "fine-tuning":
+        rows = [
+            [
+                r["model"],
+                r["fine_tuning"],
+                f"{r['trainable_parameters']:,}",
+                f"{r['message_bytes'] / 2**20:.2f}",
+                f"{r['fewer_bytes_than_full']:.0f}x",
+                f"{r['step_seconds_mean']:.2f} ± {r['step_seconds_std']:.2f}",
+                _fmt(r["peak_rss_mb"], 0),
+            ]
+            for r in report["cases"]
+        ]
+        header = [
+            "model",
+            "fine-tuning",
+            "trainable parameters",
+            "MB per client message",
+            "fewer bytes than full",
+            f"CPU step s (batch {report['batch_size']}, 1 thread)",
+            "peak memory MB",
+        ]
+        return markdown_table(header, rows)
     raise ValueError(f"unknown benchmark {name!r}")
 
 
@@ -292,6 +316,12 @@ def _feddle_cost(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
     return feddle_cost(sim, quick=quick)
 
 
+def _finetuning(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+    from fedweigh.benchmarks.finetuning import finetuning_cost
+
+    return finetuning_cost(quick=quick)
+
+
 _RUNNERS: dict[str, Callable[[bool, Any, list[str] | None], dict[str, Any]]] = {
     "overhead": _overhead,
     "methods": _methods,
@@ -299,6 +329,7 @@ _RUNNERS: dict[str, Callable[[bool, Any, list[str] | None], dict[str, Any]]] = {
     "aggregation": _aggregation,
     "ufl-cost": _ufl_cost,
     "feddle-cost": _feddle_cost,
+    "fine-tuning": _finetuning,
 }
 _NEEDS_SIMULATION = {"overhead", "methods", "scale", "feddle-cost"}
 

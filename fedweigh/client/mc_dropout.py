@@ -1,10 +1,12 @@
 """Monte Carlo dropout on any model: dropout sites, seeded masks, MC predictive probabilities.
 
-* a model's own ``nn.Dropout`` modules are used as they are; a model without
-  dropout gets one on the input of its ``classifier_layer`` through a forward
-  pre-hook (:func:`ensure_mc_dropout`), so its ``state_dict`` keys do not
-  change, it is active whenever the model trains, and it does nothing in eval
-  mode (UFL spec §4);
+* a model's own ``nn.Dropout`` modules with ``p > 0`` are used as they are
+  (a ViT's are there at ``p = 0`` unless ``model-dropout`` is set; LoRA's
+  adapter dropout is not a sampling site); a model without such dropout gets
+  one on the input of its ``classifier_layer`` through a forward pre-hook
+  (:func:`ensure_mc_dropout`), so its ``state_dict`` keys do not change, it
+  is active whenever the model trains, and it does nothing in eval mode (UFL
+  spec §4);
 * :func:`mc_mean_probabilities`: the mean of ``N`` softmax outputs, each pass
   with fresh masks from :class:`DropoutMasks` (seeded per dropout site), in
   eval mode (BatchNorm on running statistics), without gradients.
@@ -109,7 +111,7 @@ class DropoutSite:
 def ensure_mc_dropout(model: nn.Module, p: float) -> list[DropoutSite]:
     """Make sure ``model`` has dropout to sample; return its dropout sites.
 
-    A model with ``nn.Dropout`` modules keeps them (``p`` is not used). A model
+    A model with ``nn.Dropout`` modules of ``p > 0`` keeps them (``p`` is not used). A model
     without gets one :class:`HeadDropout` with probability ``p`` on the input
     of ``model.classifier_layer``, installed once per model object (the
     ClientApp keeps its model across rounds; a later call only updates ``p``).
@@ -151,7 +153,11 @@ def dropout_sites(model: nn.Module) -> list[DropoutSite]:
     head = getattr(model, HEAD_DROPOUT_ATTRIBUTE, None)
     if head is not None:
         return [DropoutSite(head.key, head.p, inserted=True)]
-    return [DropoutSite(name, float(m.p), False) for name, m in model.named_modules() if type(m) is nn.Dropout]
+    return [
+        DropoutSite(name, float(m.p), False)
+        for name, m in model.named_modules()
+        if type(m) is nn.Dropout and m.p > 0 and ".lora_dropout." not in f".{name}."
+    ]
 
 
 class DropoutMasks:

@@ -29,6 +29,7 @@ from torch import nn
 from fedweigh.data.loader import batches
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
+from fedweigh.models.finetuning import train_mode
 from fedweigh.protocol import TrainRecipe
 
 OptimizerState = dict[str, torch.Tensor]
@@ -116,6 +117,29 @@ def import_state(
             optimizer.state[parameter] = restored
 
 
+PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""``mixed-precision`` values that autocast, and the dtype they compute in."""
+
+
+def autocast(precision: str, device: torch.device) -> torch.autocast:
+    """The autocast context of ``mixed-precision`` on ``device`` (disabled for ``"off"``).
+
+    Raises
+    ------
+    ValueError
+        For ``fp16`` on a CPU, where PyTorch's float16 kernels are slow or
+        missing, naming the setting and what is accepted there.
+    """
+    if precision not in ("off", *PRECISIONS):
+        raise ValueError(f"setting mixed-precision = {precision!r}; accepted: off, {', '.join(PRECISIONS)}")
+    if precision == "fp16" and device.type != "cuda":
+        raise ValueError(
+            f"setting mixed-precision = 'fp16' needs a CUDA device, but this process runs on {device.type}; "
+            "accepted here: 'bf16' or 'off'"
+        )
+    return torch.autocast(device.type, dtype=PRECISIONS.get(precision, torch.bfloat16), enabled=precision != "off")
+
+
 def train_locally(
     model: nn.Module,
     data: ImageTensors,
@@ -136,7 +160,9 @@ def train_locally(
     """
     started = time.perf_counter()
     model.to(device)
-    model.train()
+    train_mode(model)  # frozen BatchNorm layers (a frozen pretrained body) stay in eval mode
+    precision = autocast(recipe.mixed_precision, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=recipe.mixed_precision == "fp16")
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     optimizer = make_optimizer([p for _, p in named], recipe)
     if optimizer_state:
@@ -148,7 +174,8 @@ def train_locally(
         for images, labels, indices in batches(data, recipe.batch_size, shuffle=True, generator=generator):
             inputs = transform(images.to(device), train=True, generator=generator)
             labels = labels.to(device)
-            logits = model(inputs)
+            with precision:
+                logits = model(inputs).float()
             weights = sample_weighting(logits, labels, indices) if sample_weighting else None
             loss = weighted_cross_entropy(
                 logits, labels, weights, normalize=bool(sample_weighting and sample_weighting.normalize)
@@ -156,8 +183,9 @@ def train_locally(
             if anchor:
                 loss = loss + 0.5 * recipe.proximal_mu * proximal_term(model, anchor)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
             with torch.no_grad():
                 loss_sum += F.cross_entropy(logits.detach(), labels, reduction="sum").item()
             steps += 1
@@ -185,15 +213,21 @@ class EvalStats:
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, data: ImageTensors, transform: BatchTransform, device: torch.device, batch_size: int = 512
+    model: nn.Module,
+    data: ImageTensors,
+    transform: BatchTransform,
+    device: torch.device,
+    batch_size: int = 512,
+    precision: str = "off",
 ) -> EvalStats:
-    """Mean cross-entropy and top-1 accuracy, in eval mode, without augmentation."""
+    """Mean cross-entropy and top-1 accuracy, in eval mode, without augmentation (``precision``: autocast)."""
     model.to(device)
     model.eval()
     loss_sum, correct = 0.0, 0
     predictions, targets = [], []
     for images, labels, _ in batches(data, batch_size, shuffle=False, generator=None):
-        logits = model(transform(images.to(device), train=False, generator=None))
+        with autocast(precision, device):
+            logits = model(transform(images.to(device), train=False, generator=None)).float()
         labels = labels.to(device)
         loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
         predicted = logits.argmax(dim=1)

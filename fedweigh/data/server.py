@@ -30,6 +30,7 @@ torch.Size([2, 3, 32, 32])
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -123,8 +124,20 @@ def pixel_statistics(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[flo
     return tuple(round(float(v), 4) for v in mean), tuple(round(float(v), 4) for v in std)
 
 
-def load_other_dataset(location: str, size: int, seed: int, channels: int, image_size: int) -> ServerData:
+def load_other_dataset(
+    location: str,
+    size: int,
+    seed: int,
+    channels: int,
+    image_size: int,
+    transform: Callable[[DatasetInfo], BatchTransform] | None = None,
+) -> ServerData:
     """A seeded sample of ``size`` train images (0: all) of another dataset, in the clients' input shape.
+
+    Its batches are normalised with its own pixel statistics and not
+    augmented; ``transform`` builds its batch transform from its
+    :class:`DatasetInfo` instead (the model's input size and a pretrained
+    model's statistics).
 
     Raises
     ------
@@ -167,6 +180,5 @@ def load_other_dataset(location: str, size: int, seed: int, channels: int, image
         image_column=image_column,
         label_column=label_column,
     )
-    return ServerData(
-        "ood", ImageTensors(images, labels), info.num_classes, BatchTransform(info, False), source.location
-    )
+    batches = transform(info) if transform is not None else BatchTransform(info, False)
+    return ServerData("ood", ImageTensors(images, labels), info.num_classes, batches, source.location)

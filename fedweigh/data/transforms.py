@@ -118,6 +118,14 @@ class BatchTransform:
         Whether to augment training batches at all; with ``True`` the
         dataset's kind applies (``"crop-flip"``: :func:`random_crop_flip`
         with padding 4; ``"none"``: nothing).
+    size : int, optional
+        Side the batches are resized to for the model (a pretrained model's
+        224); None or the dataset's own size: no resizing.
+    channels : int, optional
+        3 to replicate grayscale images to three channels.
+    mean, std : sequence of float, optional
+        Normalisation of a pretrained model's weights, replacing the
+        dataset's own statistics.
 
     Examples
     --------
@@ -127,20 +135,44 @@ class BatchTransform:
     >>> transform = BatchTransform(info, augment=True)
     >>> transform(torch.zeros(8, 3, 32, 32, dtype=torch.uint8), train=True).shape
     torch.Size([8, 3, 32, 32])
+    >>> gray = DatasetInfo(10, 1, 28, (0.3,), (0.3,), "none", "image", "label")
+    >>> BatchTransform(gray, augment=False, size=224, channels=3)(torch.zeros(2, 1, 28, 28), train=False).shape
+    torch.Size([2, 3, 224, 224])
     """
 
     padding = 4
 
-    def __init__(self, info: DatasetInfo, augment: bool) -> None:
-        self.mean = tuple(info.mean)
-        self.std = tuple(info.std)
+    def __init__(
+        self,
+        info: DatasetInfo,
+        augment: bool,
+        *,
+        size: int | None = None,
+        channels: int | None = None,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+    ) -> None:
+        self.channels = channels if channels and channels != info.in_channels else None
+        if self.channels not in (None, 3) or (self.channels == 3 and info.in_channels != 1):
+            raise ValueError(f"cannot turn {info.in_channels}-channel images into {channels} channels")
+        replicate = 3 if self.channels else 1
+        self.mean = tuple(mean) if mean is not None else tuple(info.mean) * replicate
+        self.std = tuple(std) if std is not None else tuple(info.std) * replicate
+        self.size = size if size and size != info.image_size else None
         self.crop_flip = bool(augment) and info.augment == "crop-flip"
 
     def __repr__(self) -> str:
-        return f"BatchTransform(mean={self.mean}, std={self.std}, crop_flip={self.crop_flip})"
+        return (
+            f"BatchTransform(mean={self.mean}, std={self.std}, crop_flip={self.crop_flip}, "
+            f"size={self.size}, channels={self.channels})"
+        )
 
     def __call__(self, images: torch.Tensor, train: bool, generator: torch.Generator | None = None) -> torch.Tensor:
         """Float batch ready for the model, on the device of ``images``.
+
+        Augmentation (training only) runs at the images' own size; then the
+        batch is resized to the model's input (bilinear), grayscale is
+        replicated to three channels, and the result is normalised.
 
         Parameters
         ----------
@@ -154,4 +186,8 @@ class BatchTransform:
         x = to_unit_float(images)
         if train and self.crop_flip:
             x = random_crop_flip(x, self.padding, generator)
+        if self.size is not None:
+            x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False, antialias=False)
+        if self.channels is not None:
+            x = x.expand(-1, self.channels, -1, -1)
         return normalize(x, self.mean, self.std)

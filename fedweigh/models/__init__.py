@@ -20,6 +20,10 @@ string attributes, both usable with ``model.get_submodule``:
     mlp           ``fc1``               Linear(64, hidden)
     resnet8       ``layer3.preact``     last block's residual sum before its ReLU
     resnet18      ``layer4.1.preact``   last block's residual sum before its ReLU
+    resnet18-     ``layer4.1.preact``   the same, in torchvision's ImageNet layout
+    imagenet
+    vit-b16,      ``pooled``            the [CLS] feature the head reads
+    vit-tiny
     ============  ====================  =========================================
 
     ResNets have no hidden linear layer; see :mod:`fedweigh.models.resnet`
@@ -27,7 +31,14 @@ string attributes, both usable with ``model.get_submodule``:
     flattened per sample) rather than the non-negative pooled feature.
 
 ``classifier_layer``
-    The final ``nn.Linear`` producing the logits (``fc2``, ``fc3`` or ``fc``).
+    The final ``nn.Linear`` producing the logits (``fc2``, ``fc3``, ``fc`` or ``head``).
+
+The pretrained models (:mod:`fedweigh.models.vit`, ``resnet18-imagenet``)
+also declare the input they need (:func:`model_input`: 3 x 224 x 224 and the
+checkpoint's normalisation), load their weights through
+:mod:`fedweigh.models.weights`, and are fine-tuned as
+:mod:`fedweigh.models.finetuning` says (LoRA by default for the ViTs), which
+also decides which tensors travel.
 
 A model class may also set ``cpu_channels_last = True``: :func:`on_device`
 then keeps its weights channels-last (NHWC) on a CPU, which made the small
@@ -51,6 +62,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -59,6 +71,7 @@ from fedweigh.models.cnn import FashionCNN, FeddleCNN, FedOUICNN
 from fedweigh.models.lenet import LeNet5BN
 from fedweigh.models.mlp import DigitsMLP
 from fedweigh.models.vgg import VGG9
+from fedweigh.models.vit import vit_b16, vit_tiny  # imports transformers only when a ViT is built
 
 # The ResNet adapters import fedweigh.models.resnet when called, not here: it
 # builds on torchvision, whose import costs about a second in every process
@@ -81,6 +94,64 @@ def _build_resnet18(num_classes: int, in_channels: int, image_size: int, *, widt
     return resnet18(num_classes=num_classes, in_channels=in_channels, width=width)
 
 
+def _build_resnet18_imagenet(
+    num_classes: int,
+    in_channels: int,
+    image_size: int,
+    *,
+    width: int = 64,
+    pretrained: bool = False,
+    weights: str = "",
+    input_size: int = 224,
+) -> nn.Module:
+    """Registry adapter for :func:`~fedweigh.models.resnet.resnet18_imagenet` (``input_size``: the pipeline's)."""
+    from fedweigh.models.resnet import resnet18_imagenet
+
+    del image_size, input_size  # global average pooling accepts any size; the input pipeline resizes
+    return resnet18_imagenet(num_classes, in_channels, width=width, pretrained=pretrained, weights=weights)
+
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+HALF = (0.5, 0.5, 0.5)
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """The input a model needs, when it is not the dataset's own.
+
+    Attributes
+    ----------
+    size : int or None
+        Side of the square input the images are resized to (None: the dataset's).
+    channels : int or None
+        Channels the images are converted to (grayscale replicated to 3; None: the dataset's).
+    mean, std : tuple of float, or None
+        Normalisation of the pretrained weights (None: the dataset's own statistics).
+    """
+
+    size: int | None = None
+    channels: int | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+
+
+def _pretrained_input(default_size: int, mean: tuple[float, ...], std: tuple[float, ...]) -> Callable[..., ModelInput]:
+    def needs(pretrained: bool = False, input_size: int = default_size, **_: object) -> ModelInput:
+        return ModelInput(input_size, 3, mean if pretrained else None, std if pretrained else None)
+
+    return needs
+
+
+#: Registry name -> the input it needs from its options (a model not listed takes the dataset's images as they are).
+#: ImageNet-1k weights (torchvision) expect ImageNet's statistics; Google's ViT checkpoints expect mean = std = 0.5.
+MODEL_INPUTS: dict[str, Callable[..., ModelInput]] = {
+    "resnet18-imagenet": _pretrained_input(224, IMAGENET_MEAN, IMAGENET_STD),
+    "vit-b16": _pretrained_input(224, HALF, HALF),
+    "vit-tiny": _pretrained_input(32, HALF, HALF),
+}
+
+
 #: Registry name -> builder called as
 #: ``builder(num_classes, in_channels, image_size, **options)``. A builder's
 #: keyword-only parameters are the options that model accepts.
@@ -92,6 +163,9 @@ MODEL_BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "vgg9": VGG9,
     "resnet8": _build_resnet8,
     "resnet18": _build_resnet18,
+    "resnet18-imagenet": _build_resnet18_imagenet,
+    "vit-b16": vit_b16,
+    "vit-tiny": vit_tiny,
     "mlp": DigitsMLP,
 }
 
@@ -131,6 +205,19 @@ def model_options(name: str) -> list[str]:
     builder = _builder(name)
     parameters = inspect.signature(builder).parameters.values()
     return sorted(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def model_input(name: str, **options: object) -> ModelInput:
+    """The input ``name`` needs with ``options`` (see :class:`ModelInput`).
+
+    >>> model_input("vit-b16", pretrained=True)
+    ModelInput(size=224, channels=3, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    >>> model_input("mlp")
+    ModelInput(size=None, channels=None, mean=None, std=None)
+    """
+    _builder(name)
+    needs = MODEL_INPUTS.get(name)
+    return needs(**options) if needs else ModelInput()
 
 
 def build_model(name: str, num_classes: int, in_channels: int, image_size: int, **options: object) -> nn.Module:

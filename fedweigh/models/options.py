@@ -41,3 +41,10 @@ def dropout(model: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= float(value) < 1.0:
         raise ValueError(f"{model} option 'dropout' must be a number in [0, 1), got {value!r}")
     return float(value)
+
+
+def positive_int(model: str, option: str, value: object) -> int:
+    """A positive int, for an option named ``option``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{model} option {option!r} must be a positive int, got {value!r}")
+    return value

@@ -24,6 +24,7 @@ from torch import nn
 from torchvision.models.resnet import BasicBlock, conv1x1, conv3x3
 
 from fedweigh.models import options
+from fedweigh.models import weights as weights_module
 
 
 class TappedBasicBlock(BasicBlock):
@@ -163,18 +164,28 @@ class ResNet18(nn.Module):
     in_channels : int, default 3
     width : int, default 64
         Channels of the stem and ``layer1``.
+    imagenet_stem : bool, default False
+        torchvision's own stem (7x7 convolution with stride 2 and a max-pool)
+        for 224x224 inputs, exactly torchvision's ``resnet18`` architecture:
+        see :func:`resnet18_imagenet`.
     """
 
     probe_layer: str = "layer4.1.preact"
     classifier_layer: str = "fc"
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 3, width: int = 64) -> None:
+    def __init__(
+        self, num_classes: int = 10, in_channels: int = 3, width: int = 64, imagenet_stem: bool = False
+    ) -> None:
         super().__init__()
         width = options.width("resnet18", width)
-        self.conv1 = nn.Conv2d(in_channels, width, kernel_size=3, stride=1, padding=1, bias=False)
+        if imagenet_stem:  # torchvision's: 7x7 stride 2, then a 3x3 stride-2 max-pool (224x224 inputs)
+            self.conv1 = nn.Conv2d(in_channels, width, kernel_size=7, stride=2, padding=3, bias=False)
+            self.maxpool: nn.Module = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        else:
+            self.conv1 = nn.Conv2d(in_channels, width, kernel_size=3, stride=1, padding=1, bias=False)
+            self.maxpool = nn.Identity()
         self.bn1 = nn.BatchNorm2d(width)
         self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.Identity()
         channels = width
         for index, (stage, stride) in enumerate(((width, 1), (2 * width, 2), (4 * width, 2), (8 * width, 2)), 1):
             self.add_module(f"layer{index}", nn.Sequential(_block(channels, stage, stride), _block(stage, stage, 1)))
@@ -205,3 +216,55 @@ def resnet18(num_classes: int = 10, in_channels: int = 3, width: int = 64) -> Re
     ((3, 3), (1, 1), 11173962)
     """
     return ResNet18(num_classes=num_classes, in_channels=in_channels, width=width)
+
+
+def resnet18_imagenet(
+    num_classes: int = 10, in_channels: int = 3, *, width: int = 64, pretrained: bool = False, weights: str = ""
+) -> ResNet18:
+    """torchvision's ResNet-18 for 224x224 inputs, optionally with its ImageNet weights and a new head.
+
+    The architecture, parameter names and initialisation are torchvision's
+    ``resnet18`` (11,181,642 parameters for 10 classes); the last block's
+    residual sum is hookable as in :class:`ResNet18`. With ``pretrained`` every
+    tensor but the classifier ``fc`` comes from the ImageNet checkpoint
+    (:mod:`fedweigh.models.weights`: torchvision's store, or the local file
+    ``weights``); ``fc`` is a fresh ``Linear(512, num_classes)``.
+
+    Raises
+    ------
+    ValueError
+        If pretrained weights are asked for a shape they do not have
+        (``in_channels`` other than 3, ``width`` other than 64), or cannot be
+        had (:class:`~fedweigh.models.weights.WeightsUnavailable`).
+
+    Examples
+    --------
+    >>> model = resnet18_imagenet(num_classes=10)
+    >>> model.conv1.kernel_size, sum(p.numel() for p in model.parameters())
+    ((7, 7), 11181642)
+    """
+    model = ResNet18(num_classes=num_classes, in_channels=in_channels, width=width, imagenet_stem=True)
+    if not pretrained:
+        return model
+    if in_channels != 3 or width != 64:
+        raise ValueError(
+            f"model-pretrained = true: the ImageNet weights of resnet18-imagenet are for 3 channels and width 64, "
+            f"not {in_channels} channels and model-width = {width}; accepted: model-width = 0 (the model's own)"
+        )
+    path = weights_module.local_path(weights)
+    if path is not None:
+        state = weights_module.read_state_dict(weights_module.state_dict_file(path))
+    else:
+        state = weights_module.torchvision_state(
+            "resnet18-imagenet", weights_module.PUBLISHED["resnet18-imagenet"].location
+        )
+    body = {name: value for name, value in state.items() if not name.startswith("fc.")}
+    expected = {name for name in model.state_dict() if not name.startswith("fc.")}
+    if set(body) != expected:
+        missing, extra = sorted(expected - set(body))[:5], sorted(set(body) - expected)[:5]
+        raise weights_module.WeightsUnavailable(
+            f"setting model-weights = {weights!r} does not hold a torchvision ResNet-18 state_dict "
+            f"(missing {missing}, unexpected {extra})"
+        )
+    model.load_state_dict(body, strict=False)  # strict on the body (checked above); fc stays fresh
+    return model

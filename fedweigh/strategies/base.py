@@ -47,7 +47,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
-from fedweigh.protocol import ARRAYS, CONFIG, SERVER_ROUND, TRAIN_LOSS, ConfigValue
+from fedweigh.protocol import ARRAYS, CONFIG, FROZEN_DIGEST, SERVER_ROUND, TRAIN_LOSS, ConfigValue
 from fedweigh.rules.base import RoundSignals, RuleOutcome, WeightingRule
 from fedweigh.strategies.aggregation import NamedArrays, all_finite, decode, encode
 from fedweigh.strategies.deadline import Deadline, DeadlineGrid
@@ -105,6 +105,10 @@ class WeightedFedAvg(FedAvg):
         round, for every strategy.
     round_offset : int
         Rounds already done before this ``start`` (resuming).
+    frozen_digest : str
+        Hash of the model's frozen part (:func:`fedweigh.models.finetuning.frozen_digest`),
+        sent with every instruction so that a client built from other weights
+        refuses it; ``""`` when every tensor travels.
     **fedavg_kwargs
         ``fraction_train``, ``min_train_nodes``, ... as for Flower's FedAvg.
     """
@@ -122,6 +126,7 @@ class WeightedFedAvg(FedAvg):
         server_data: object | None = None,
         seed: int = 0,
         round_offset: int = 0,
+        frozen_digest: str = "",
         **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(arrayrecord_key=ARRAYS, configrecord_key=CONFIG, **fedavg_kwargs)
@@ -137,6 +142,7 @@ class WeightedFedAvg(FedAvg):
         self.server_data = server_data
         self.seed = seed
         self.round_offset = round_offset
+        self.frozen_digest = frozen_digest
         self.directory = NodeDirectory()
         self.records: dict[int, RoundRecord] = {}
         self.global_models: dict[int, NamedArrays] = {}  # round -> the global model it sent
@@ -230,9 +236,15 @@ class WeightedFedAvg(FedAvg):
         if not nodes:
             return []
         values = self.round_values(model_round)
-        train_config = ConfigRecord({**dict(config), **self.recipe, **values, SERVER_ROUND: model_round})
+        train_config = ConfigRecord(
+            {**dict(config), **self.recipe, **values, **self._model_check(), SERVER_ROUND: model_round}
+        )
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: train_config})
         return list(self._construct_messages(content, list(nodes), MessageType.TRAIN))
+
+    def _model_check(self) -> dict[str, ConfigValue]:
+        """The config entry that lets a client check its frozen model part against the server's (none without)."""
+        return {FROZEN_DIGEST: self.frozen_digest} if self.frozen_digest else {}
 
     def _arrivals(self, current: int, config: ConfigRecord, record: RoundRecord) -> list[Message]:
         """Instructions for the clients sampled earlier whose update arrives now (simulated delays)."""
@@ -285,7 +297,7 @@ class WeightedFedAvg(FedAvg):
         if self.fraction_evaluate == 0.0:
             return []
         chosen = self._sample(grid, current, self.fraction_evaluate, self.min_evaluate_nodes, stream=7919)
-        evaluate_config = ConfigRecord({**dict(config), SERVER_ROUND: current})
+        evaluate_config = ConfigRecord({**dict(config), **self._model_check(), SERVER_ROUND: current})
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: evaluate_config})
         return self._construct_messages(content, chosen, MessageType.EVALUATE)
 
@@ -355,6 +367,7 @@ class WeightedFedAvg(FedAvg):
         record.diagnostics.update(step.diagnostics)
         record.clients = [
             _client_entry(index, reply, current, outcome, values, self.update.uses_weights)
+            | {"bytes_sent": _nbytes(start_models[reply.model_round]), "bytes_received": _nbytes(reply.arrays)}
             for index, reply in enumerate(accepted)
         ]
         metrics = {"num-clients": len(accepted), "num-left-out": len(rejected)}

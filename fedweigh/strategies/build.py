@@ -46,12 +46,14 @@ def build_strategy(
     round_offset: int = 0,
     server_data: object | None = None,
     directory: NodeDirectory | None = None,
+    frozen_digest: str = "",
 ) -> WeightedFedAvg:
     """The strategy the settings describe, ready for ``start``.
 
     ``server_data`` is the server's own data (see
     :func:`fedweigh.components.server_and_test_data`); ``directory``, the
-    node directory the app has already filled while waiting for the nodes.
+    node directory the app has already filled while waiting for the nodes;
+    ``frozen_digest``, the hash of the model's frozen part (sent to clients).
     """
     plan = plan_run(settings)
     deadline = (
@@ -73,6 +75,7 @@ def build_strategy(
         server_data=server_data,
         seed=settings.seed,
         round_offset=round_offset,
+        frozen_digest=frozen_digest,
         fraction_train=settings.fraction_train,
         min_train_nodes=settings.min_train_nodes,
         min_available_nodes=settings.min_train_nodes,

@@ -53,6 +53,7 @@ from fedweigh.components import new_model, resolve_device
 from fedweigh.data.loader import batches
 from fedweigh.data.server import ServerData
 from fedweigh.models import on_device
+from fedweigh.models.finetuning import exchanged_keys
 from fedweigh.settings import Settings
 from fedweigh.strategies.aggregation import NamedArrays, weighted_average
 from fedweigh.strategies.atlas import (
@@ -85,7 +86,8 @@ class ParameterView:
         self.tensors = [p for _, p in named]
         self.shapes = [tuple(p.shape) for _, p in named]
         self.sizes = [p.numel() for _, p in named]
-        self.buffers = [name for name, _ in model.named_buffers()]
+        parameters = set(self.parameters)
+        self.buffers = [name for name in exchanged_keys(model) if name not in parameters]  # those that travel
         self.size = sum(self.sizes)
 
     def flatten(self, arrays: NamedArrays) -> torch.Tensor:

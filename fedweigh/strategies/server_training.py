@@ -30,6 +30,7 @@ from fedweigh.client.training import train_locally
 from fedweigh.components import new_model, resolve_device
 from fedweigh.data.server import ServerData
 from fedweigh.models import on_device
+from fedweigh.models.finetuning import exchanged_state, load_exchanged_state
 from fedweigh.protocol import TrainRecipe
 from fedweigh.settings import Settings
 from fedweigh.strategies.aggregation import NamedArrays
@@ -55,7 +56,7 @@ class ServerTrainer:
         self, arrays: NamedArrays, epochs: int, server_round: int, optimizer_state: dict | None = None
     ) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
         """``arrays`` trained ``epochs`` on the server's data; the model and the optimizer's final state."""
-        self.model.load_state_dict({name: torch.tensor(np.asarray(value)) for name, value in arrays.items()})
+        load_exchanged_state(self.model, {name: torch.tensor(np.asarray(value)) for name, value in arrays.items()})
         recipe = TrainRecipe(**{**vars(self.recipe), "local_epochs": epochs})
         generator = torch.Generator(device="cpu").manual_seed(
             int(np.random.SeedSequence([self.seed, server_round, 31]).generate_state(1)[0])
@@ -69,7 +70,7 @@ class ServerTrainer:
             generator,
             optimizer_state=optimizer_state,
         )
-        trained = {name: value.detach().cpu().numpy().copy() for name, value in self.model.state_dict().items()}
+        trained = {name: value.cpu().numpy().copy() for name, value in exchanged_state(self.model).items()}
         return trained, stats.optimizer_state or {}
 
 
