@@ -192,7 +192,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
         print(f"  {spec.name:<17}{spec.meaning} [from: {spec.producer or 'every reply'}]")
     print("\nmodel = ...               (its options, as model-<option>)")
     for name in model_names():
-        print(f"  {name:<14} {', '.join(model_options(name)) or '-'}")
+        print(f"  {name:<18} {', '.join(option.replace('_', '-') for option in model_options(name)) or '-'}")
     return 0
 
 
