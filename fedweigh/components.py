@@ -118,22 +118,14 @@ def new_model(settings: Settings, *, pretrained_weights: bool = True) -> nn.Modu
         return apply_fine_tuning(model, fine_tuning(settings))
 
 
-def batch_transform(settings: Settings, augment: bool | None = None) -> BatchTransform:
+def input_transform(info: DatasetInfo, augment: bool, needs: ModelInput) -> BatchTransform:
+    """Batches of the dataset ``info`` describes (augmented if asked), in the input ``needs`` names."""
+    return BatchTransform(info, augment, size=needs.size, channels=needs.channels, mean=needs.mean, std=needs.std)
+
+
+def batch_transform(settings: Settings) -> BatchTransform:
     """The dataset's augmentation (training only), then the model's input: size, channels, normalisation."""
-    needs = input_of(settings)
-    return BatchTransform(
-        dataset_info(settings.dataset),
-        augment=settings.augment if augment is None else augment,
-        size=needs.size,
-        channels=needs.channels,
-        mean=needs.mean,
-        std=needs.std,
-    )
-
-
-def _model_transform(info: DatasetInfo, needs: ModelInput) -> BatchTransform:
-    """Batches of the dataset ``info`` describes, unaugmented, in the input ``needs`` names."""
-    return BatchTransform(info, False, size=needs.size, channels=needs.channels, mean=needs.mean, std=needs.std)
+    return input_transform(dataset_info(settings.dataset), settings.augment, input_of(settings))
 
 
 def server_and_test_data(settings: Settings, num_partitions: int) -> tuple[ServerData | None, ImageTensors]:
@@ -166,6 +158,6 @@ def server_and_test_data(settings: Settings, num_partitions: int) -> tuple[Serve
         settings.data_seed,
         info.in_channels,
         info.image_size,
-        functools.partial(_model_transform, needs=input_of(settings)),
+        functools.partial(input_transform, augment=False, needs=input_of(settings)),
     )
     return other, evaluation

@@ -43,15 +43,14 @@ def central_evaluation(
     strategy: WeightedFedAvg,
     recorder: RunRecorder,
     run_dir: Path,
-    model: torch.nn.Module | None = None,
+    model: torch.nn.Module,
 ) -> Callable[[int, ArrayRecord], MetricRecord | None]:
     """The ``evaluate_fn`` for ``Strategy.start``: test (every ``evaluate-every`` rounds), record, checkpoint.
 
-    ``model`` is the run's model, which holds the frozen part that does not
-    travel (built here when not given).
+    ``model`` is the run's model, which holds the frozen part that does not travel.
     """
     device = resolve_device(settings.device)
-    model = on_device(model if model is not None else new_model(settings), device)
+    model = on_device(model, device)
     transform = batch_transform(settings)
 
     def evaluate_round(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:

@@ -381,7 +381,7 @@ def test_a_failed_download_names_the_settings(monkeypatch, tmp_path):
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
-    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", unreachable)
+    monkeypatch.setattr(torch.hub, "download_url_to_file", unreachable)
     with pytest.raises(WeightsUnavailable, match=r"resnet18-f37072fd.pth could not be read \(network is unreachable\)"):
         build_model("resnet18-imagenet", 10, 3, 224, pretrained=True)
 

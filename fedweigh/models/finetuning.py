@@ -46,8 +46,6 @@ from torch import nn
 FINE_TUNING_MODES = ("full", "lora", "head")
 """The accepted ``fine-tuning`` values besides ``""`` (the model's own)."""
 
-_EXCHANGED = "_fedweigh_exchanged_keys"
-
 
 @dataclass(frozen=True)
 class FineTuning:
@@ -138,22 +136,15 @@ def exchanged_keys(model: nn.Module) -> list[str]:
     Every key when every parameter trains; otherwise the trainable parameters
     and the buffers of the modules that own a trainable parameter.
     """
-    cached = getattr(model, _EXCHANGED, None)
-    if cached is not None:
-        return list(cached)
     if all(p.requires_grad for p in model.parameters()):
-        keys = list(model.state_dict())
-    else:
-        chosen: set[str] = set()
-        for prefix, module in model.named_modules():
-            own = list(module.named_parameters(prefix=prefix, recurse=False))
-            trainable = [name for name, p in own if p.requires_grad]
-            chosen.update(trainable)
-            if trainable:
-                chosen.update(name for name, _ in module.named_buffers(prefix=prefix, recurse=False))
-        keys = [key for key in model.state_dict() if key in chosen]
-    object.__setattr__(model, _EXCHANGED, tuple(keys))  # a plain attribute, not a submodule or buffer
-    return keys
+        return list(model.state_dict())
+    chosen: set[str] = set()
+    for prefix, module in model.named_modules():
+        trainable = [name for name, p in module.named_parameters(prefix=prefix, recurse=False) if p.requires_grad]
+        chosen.update(trainable)
+        if trainable:
+            chosen.update(name for name, _ in module.named_buffers(prefix=prefix, recurse=False))
+    return [key for key in model.state_dict() if key in chosen]
 
 
 def exchanged_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -251,13 +251,8 @@ def resnet18_imagenet(
             f"model-pretrained = true: the ImageNet weights of resnet18-imagenet are for 3 channels and width 64, "
             f"not {in_channels} channels and model-width = {width}; accepted: model-width = 0 (the model's own)"
         )
-    path = weights_module.local_path(weights)
-    if path is not None:
-        state = weights_module.read_state_dict(weights_module.state_dict_file(path))
-    else:
-        state = weights_module.torchvision_state(
-            "resnet18-imagenet", weights_module.PUBLISHED["resnet18-imagenet"].location
-        )
+    source = weights_module.fetch("resnet18-imagenet", weights)
+    state = weights_module.read_state_dict(weights_module.state_dict_file(source))
     body = {name: value for name, value in state.items() if not name.startswith("fc.")}
     expected = {name for name in model.state_dict() if not name.startswith("fc.")}
     if set(body) != expected:

@@ -36,7 +36,6 @@ trainable parameters with the head).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -110,7 +109,6 @@ def _body(name: str, config: Any, pretrained: bool, weights: str) -> nn.Module:
     if not pretrained:
         return ViTModel(config, add_pooling_layer=False)
     source = weights_module.fetch(name, weights)
-    assert source is not None  # a ViT's weights are a local path or a Hub snapshot
     if source.is_file() or not (source / "config.json").is_file():
         body = ViTModel(config, add_pooling_layer=False)
         state = weights_module.read_state_dict(weights_module.state_dict_file(source))
@@ -186,8 +184,3 @@ def vit_tiny(
         )
     config = _config("vit-tiny", {**VIT_TINY, "image_size": size}, dropout)
     return ViTClassifier(_body("vit-tiny", config, pretrained, weights), num_classes)
-
-
-def save_body(model: ViTClassifier, folder: Path) -> None:
-    """Write the model's body as a ``save_pretrained`` folder (a local ``model-weights`` source)."""
-    model.vit.save_pretrained(str(folder))

@@ -133,17 +133,22 @@ def unavailable(model: str, source: str, reason: object) -> WeightsUnavailable:
     )
 
 
-def torchvision_state(model: str, url: str) -> dict[str, torch.Tensor]:
-    """A torchvision checkpoint from the cache, downloading it once unless offline."""
+def torchvision_file(model: str, url: str) -> Path:
+    """A torchvision checkpoint's file in torchvision's cache, downloaded once (hash-checked) unless offline."""
     cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(url).name
     if cached.is_file():
-        return read_state_dict(cached)
+        return cached
     if offline():
-        raise unavailable(model, f"{Path(url).name} (not in torchvision's cache {cached.parent})", "HF_HUB_OFFLINE=1")
-    try:
-        return torch.hub.load_state_dict_from_url(url, progress=False, check_hash=True, map_location="cpu")
+        raise unavailable(model, f"{cached.name} (not in torchvision's cache {cached.parent})", "HF_HUB_OFFLINE=1")
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    digest = torch.hub.HASH_REGEX.search(cached.name)
+    try:  # written to a temporary file and moved into place: a failed download leaves nothing behind
+        torch.hub.download_url_to_file(
+            url, str(cached), hash_prefix=digest.group(1) if digest else None, progress=False
+        )
     except Exception as err:  # noqa: BLE001 - network, disk and hash failures alike
         raise unavailable(model, url, err) from err
+    return cached
 
 
 def hub_snapshot(model: str, repository: str) -> Path:
@@ -157,11 +162,11 @@ def hub_snapshot(model: str, repository: str) -> Path:
     return Path(folder)
 
 
-def fetch(model: str, weights: str) -> Path | None:
+def fetch(model: str, weights: str) -> Path:
     """Make sure the weights for ``model`` are at hand; their local file or folder.
 
-    Returns None for torchvision's store (its cache is found by URL). Raises
-    :class:`WeightsUnavailable` when they are neither local nor downloadable.
+    Raises :class:`WeightsUnavailable` when they are neither local nor
+    downloadable.
     """
     path = local_path(weights)
     if path is not None:
@@ -181,5 +186,4 @@ def fetch(model: str, weights: str) -> Path | None:
         )
     if published.kind == "hub":
         return hub_snapshot(model, published.location)
-    torchvision_state(model, published.location)
-    return None
+    return torchvision_file(model, published.location)

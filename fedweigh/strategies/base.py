@@ -366,8 +366,9 @@ class WeightedFedAvg(FedAvg):
         record.diagnostics.update({k: v for k, v in outcome.diagnostics.items() if not _per_client(v, len(accepted))})
         record.diagnostics.update(step.diagnostics)
         record.clients = [
-            _client_entry(index, reply, current, outcome, values, self.update.uses_weights)
-            | {"bytes_sent": _nbytes(start_models[reply.model_round]), "bytes_received": _nbytes(reply.arrays)}
+            _client_entry(
+                index, reply, current, outcome, values, start_models[reply.model_round], self.update.uses_weights
+            )
             for index, reply in enumerate(accepted)
         ]
         metrics = {"num-clients": len(accepted), "num-left-out": len(rejected)}
@@ -427,9 +428,14 @@ def _client_entry(
     server_round: int,
     outcome: RuleOutcome,
     values: Mapping[str, np.ndarray],
+    sent: NamedArrays,
     weighted: bool = True,
 ) -> dict[str, Any]:
-    """One client's line of the round record: who, how much, its weight (if the update uses one), signals, metrics."""
+    """One client's line of the round record: who, how much, its weight (if the update uses one), signals, metrics.
+
+    ``bytes_sent`` and ``bytes_received`` are the tensor bytes of the model the
+    client was sent (``sent``, its round's global model) and of the one it returned.
+    """
     count = len(outcome.weights)
     entry: dict[str, Any] = {
         "partition": reply.partition_id,
@@ -437,6 +443,8 @@ def _client_entry(
         "num_examples": reply.num_examples,
         TRAIN_LOSS: reply.train_loss,
         "staleness": server_round - reply.model_round,
+        "bytes_sent": _nbytes(sent),
+        "bytes_received": _nbytes(reply.arrays),
     }
     if weighted:
         entry["weight"] = float(outcome.weights[index])
