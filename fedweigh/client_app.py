@@ -28,6 +28,11 @@ The node's data comes from its node config, as set with
 
 ``train-delay=<seconds>`` makes a node reply that much later, as a slow
 device would: a way to see a round close at its ``round-deadline``.
+
+In a run with ``[faults]`` (fault injection, :mod:`fedweigh.faults`) a train
+instruction may ask the client to misbehave: raise, stall, or return a
+corrupted model or corrupted signals, so that the server's checks can be seen
+leaving it out.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from fedweigh.client.training import evaluate, train_locally
 from fedweigh.components import batch_transform, configure_torch, data_spec, new_model, resolve_device, settings_from
 from fedweigh.data.federated import DataSpec, dataset_info, load_partition
 from fedweigh.data.tensors import ImageTensors
+from fedweigh.faults import InjectedFault, corrupt_arrays, corrupt_metrics, fault_to_commit
 from fedweigh.models import on_device
 from fedweigh.models.finetuning import exchanged_state, frozen_digest, load_exchanged_state
 from fedweigh.protocol import (
@@ -59,6 +65,7 @@ from fedweigh.protocol import (
     DATA_DIR,
     EVAL_ACCURACY,
     EVAL_LOSS,
+    FAULT,
     FROZEN_DIGEST,
     METRICS,
     MODEL_ROUND,
@@ -203,6 +210,9 @@ def train(message: Message, context: Context) -> Message:
     recipe = TrainRecipe.from_config(config)
     server_round = int(config[SERVER_ROUND])
     data, partition_id, seed_key = local_data(settings, context)
+    fault = fault_to_commit(settings, config, FAULT)  # fault injection: "" unless the run injects faults
+    if fault == "exception":
+        raise InjectedFault(f"fault injection: partition {partition_id} raises in round {server_round}")
     seed = client_seed(settings.seed, server_round, seed_key)
     torch.manual_seed(seed)  # dropout draws from the global generator
     generator = torch.Generator().manual_seed(seed)
@@ -243,17 +253,24 @@ def train(message: Message, context: Context) -> Message:
     if float(context.node_config.get(TRAIN_DELAY, 0)) > 0:  # a slow device, for testing round deadlines
         time.sleep(float(context.node_config[TRAIN_DELAY]))
 
-    metrics = MetricRecord(
-        {
-            NUM_EXAMPLES: stats.num_examples,
-            TRAIN_LOSS: stats.train_loss,
-            PARTITION_ID: partition_id,
-            MODEL_ROUND: server_round,
-            TRAIN_SECONDS: stats.seconds,
-            **{key: float(value) for key, value in signals.items()},
-        }
-    )
-    return Message(RecordDict({ARRAYS: ArrayRecord(exchanged_state(model)), METRICS: metrics}), reply_to=message)
+    metrics = {
+        NUM_EXAMPLES: stats.num_examples,
+        TRAIN_LOSS: stats.train_loss,
+        PARTITION_ID: partition_id,
+        MODEL_ROUND: server_round,
+        TRAIN_SECONDS: stats.seconds,
+        **{key: float(value) for key, value in signals.items()},
+    }
+    arrays = exchanged_state(model)
+    if fault:
+        logger.info("fault injection: partition %d commits '%s' in round %d", partition_id, fault, server_round)
+        arrays = corrupt_arrays(fault, arrays, settings.faults.scale)
+        steps = list(config.get(CLIENT_STEPS, []))
+        metrics = corrupt_metrics(fault, metrics, steps, server_round, settings.max_staleness)
+    reply = Message(RecordDict({ARRAYS: ArrayRecord(arrays), METRICS: MetricRecord(metrics)}), reply_to=message)
+    if fault == "stall":  # past the round's timeout: the server has closed the round without this reply
+        time.sleep(settings.round_timeout + 1.0)
+    return reply
 
 
 @app.evaluate()

@@ -9,15 +9,19 @@ the setting, the value and what is accepted:
 
 1. types, ranges and names (:func:`parse_settings`, with the
    :class:`~fedweigh.settings.Catalog` of every registry);
-2. combinations (:func:`combination_problems`): an ``aggregation`` chosen
+2. the dataset (:func:`dataset_problems`): found, and a local folder read
+   in full: readable parquet files, labels, images of one size;
+3. combinations (:func:`combination_problems`): an ``aggregation`` chosen
    for a strategy whose server update ignores weights, a strategy without
    the server data it needs, simulated delays that ``max-staleness`` would
-   leave out entirely, and client steps that cannot run on the chosen model
+   leave out entirely, client steps that cannot run on the chosen model, and
+   a model (or OUI probe batch) far too large for this machine's memory
    (checked on the model built on PyTorch's ``meta`` device: no memory, no
    weights);
-3. the data, when the number of partitions is known (:func:`data_problems`):
-   the split, and the server's own data (found, labelled, not empty, and
-   brought to the clients' input shape).
+4. the federation and the data, when the number of partitions is known
+   (:func:`data_problems`): ``min-train-nodes``, the split, and the server's
+   own data (found, labelled, not empty, and brought to the clients' input
+   shape).
 
 Example
 -------
@@ -34,23 +38,25 @@ oui.probe-layer = 'conv1' is not a submodule of DigitsMLP; accepted: flatten, fc
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from fedweigh.client.registry import CLIENT_STEPS
-from fedweigh.components import data_spec, new_model, server_and_test_data
-from fedweigh.data.federated import partition_sizes
-from fedweigh.data.sources import validate_dataset_setting
-from fedweigh.methods import METHODS, plan_run
+from fedweigh.components import data_spec, input_of, new_model, server_and_test_data
+from fedweigh.data.federated import dataset_info, partition_sizes
+from fedweigh.data.sources import check_local_dataset, validate_dataset_setting
+from fedweigh.methods import METHODS, RunPlan, plan_run
 from fedweigh.models import model_names, model_options
 from fedweigh.models.weights import WeightsUnavailable, fetch
-from fedweigh.protocol import STEPS
+from fedweigh.protocol import STEPS, TrainRecipe
 from fedweigh.rules.registry import RULES
-from fedweigh.settings import Catalog, Settings, SettingsError, validate
+from fedweigh.settings import FLOAT32_MAX, Catalog, Settings, SettingsError, validate
 from fedweigh.strategies.build import train_instruction
 from fedweigh.strategies.registry import UPDATES
+from fedweigh.strategies.updates import WeightedMean
 
 
 def catalog() -> Catalog:
@@ -81,6 +87,13 @@ def combination_problems(settings: Settings) -> list[str]:
             "(the strategy's own)"
         )
     problems += _server_data_problems(settings, update.name, update.server_data)
+    if settings.trimmed_mean > 0 and update is not WeightedMean:
+        problems.append(
+            f"trimmed-mean = {settings.trimmed_mean!r} replaces the weighted mean, but strategy = "
+            f"{settings.strategy!r} updates the model with '{update.name}'; accepted: trimmed-mean = 0 with this "
+            "strategy (update-norm-bound works with every strategy), or a strategy whose server update is the mean"
+        )
+    problems += _adam_problems(settings, update.name)
     if settings.delay_std > 0 and settings.max_staleness == 0:
         problems.append(
             f"delay-std = {settings.delay_std!r} holds every reply back by a half-normal number of rounds, but "
@@ -105,7 +118,18 @@ def combination_problems(settings: Settings) -> list[str]:
         with torch.device("meta"):  # the architecture, fine-tuning included, without memory or weights
             model = new_model(settings, pretrained_weights=False)
     except ValueError as err:
-        return [*problems, f"model = {settings.model!r} cannot be built as the settings say: {err}"]
+        info = dataset_info(settings.dataset)
+        shape = f"{info.in_channels}x{info.image_size}x{info.image_size}"
+        accepted = "" if "accepted" in str(err) else f"; accepted: a model for dataset = {settings.dataset!r} ({shape})"
+        return [*problems, f"model = {settings.model!r} cannot be built as the settings say: {err}{accepted}"]
+    except (TypeError, RuntimeError, OverflowError) as err:  # sizes too large for torch's 64-bit shapes
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return [
+            *problems,
+            f"model = {settings.model!r}{_model_sizes(settings)} cannot be built ({reason}); "
+            "accepted: sizes that fit in memory",
+        ]
+    problems += _memory_problems(settings, plan, model)
     if plan.steps:
         instruction = train_instruction(settings, plan)
         for name, origin in plan.steps:
@@ -115,6 +139,107 @@ def combination_problems(settings: Settings) -> list[str]:
                 problems.append(
                     f"{origin} runs the client step '{name}', which cannot run on model = {settings.model!r}: {err}"
                 )
+    return problems
+
+
+def _adam_problems(settings: Settings, update: str) -> list[str]:
+    """Adam learning rates whose first step, lr / (1 - beta1), torch cannot hold in a float32 (it raised mid-run)."""
+    server_beta1 = TrainRecipe.adam_beta1  # the server's own Adam (Center, Fed+FT, Feddle) keeps the defaults
+    rates = [("learning-rate", settings.learning_rate, settings.adam_beta1)] if settings.optimizer == "adam" else []
+    rates += {
+        "center": [("center.learning-rate", settings.center.learning_rate, server_beta1)],
+        "fedft": [("fedft.learning-rate", settings.fedft.learning_rate, server_beta1)],
+        "feddle": [("feddle.head-lr", settings.feddle.head_lr, server_beta1)]
+        + (
+            [("feddle.search-lr", settings.feddle.search_lr, server_beta1)]
+            if settings.feddle.search_optimizer == "adam"
+            else []
+        ),
+    }.get(update, [])
+    problems = []
+    for key, rate, beta1 in rates:
+        if rate / (1.0 - beta1) > FLOAT32_MAX:
+            beta = " and adam-beta1" if key == "learning-rate" else ""
+            problems.append(
+                f"{key} = {rate!r} makes Adam's first step lr / (1 - beta1) = {rate / (1.0 - beta1):.3g}, more than "
+                f"torch's float32 holds; accepted: {key} <= {FLOAT32_MAX * (1.0 - beta1):.3g} (with this beta1{beta})"
+            )
+    return problems
+
+
+def _model_sizes(settings: Settings) -> str:
+    """`` with model-hidden = '...'``: the settings that make the model larger, those that are set."""
+    sizes = {
+        "model-width": settings.model_width,
+        "model-hidden": settings.model_hidden,
+        "model-input-size": settings.model_input_size,
+    }
+    named = [f"{key} = {value!r}" for key, value in sizes.items() if value]
+    return f" with {', '.join(named)}" if named else ""
+
+
+def machine_memory() -> int | None:
+    """This machine's physical memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def model_memory(model: torch.nn.Module, input_shape: tuple[int, ...]) -> tuple[int, int]:
+    """``(bytes of parameters and buffers, bytes of the activations of one image)`` of a model on the meta device.
+
+    The activations are the outputs of every leaf module in one forward pass
+    of one image; 0 when the model cannot run on the meta device.
+    """
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    outputs: list[int] = []
+
+    def record(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:
+        if isinstance(output, torch.Tensor):
+            outputs.append(output.numel() * output.element_size())
+
+    leaves = [module for module in model.modules() if not list(module.children())]
+    hooks = [module.register_forward_hook(record) for module in leaves]
+    training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()(torch.empty(input_shape, device="meta"))
+    except Exception:  # noqa: BLE001 - an estimate: a model that cannot run on meta is not judged by it
+        outputs = []
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.train(training)
+    return weights, sum(outputs)
+
+
+def _memory_problems(settings: Settings, plan: RunPlan, model: torch.nn.Module) -> list[str]:
+    """A model, or the OUI probe batch, that cannot fit in this machine's memory (sizes far off, not a budget)."""
+    available = machine_memory()
+    if not available:
+        return []
+    info, needs = dataset_info(settings.dataset), input_of(settings)
+    size = needs.size or info.image_size
+    image = (1, needs.channels or info.in_channels, size, size)
+    weights, activations = model_memory(model, image)
+    per_image = activations + 4 * math.prod(image)
+    gib = 2**30
+    problems = []
+    training = 3 * weights + 2 * per_image  # weights, gradients, optimizer state; one image forward and back
+    if training > available:
+        problems.append(
+            f"model = {settings.model!r}{_model_sizes(settings)} needs about {training / gib:,.1f} GiB to train "
+            f"(weights {weights / gib:,.1f} GiB, one image's activations {per_image / gib:,.1f} GiB), more than "
+            f"this machine's {available / gib:,.1f} GiB; accepted: a model that fits (smaller sizes)"
+        )
+    probe = settings.oui.probe_size * per_image
+    if "oui" in [name for name, _ in plan.steps] and weights + probe > available:
+        problems.append(
+            f"oui.probe-size = {settings.oui.probe_size} images need about {probe / gib:,.1f} GiB in one batch, "
+            f"more than this machine's {available / gib:,.1f} GiB; accepted: a probe batch that fits "
+            f"(at most about {max(2, int((available - weights) // max(per_image, 1))):,} images)"
+        )
     return problems
 
 
@@ -135,13 +260,43 @@ def _server_data_problems(settings: Settings, update: str, kinds: tuple[str, ...
     ]
 
 
+def dataset_problems(settings: Settings) -> list[str]:
+    """The data the ``dataset`` setting names: found, readable, labelled, of one image size (empty when fine).
+
+    A local folder is read in full (:func:`fedweigh.data.sources.check_local_dataset`),
+    once per process; any source is described (classes, channels, size).
+    """
+    try:
+        check_local_dataset(settings.dataset)
+        dataset_info(settings.dataset)
+    except ValueError as err:
+        text = str(err)
+        if text.startswith("invalid setting dataset = "):
+            return [text.removeprefix("invalid setting ")]
+        return [f"dataset = {settings.dataset!r}: {text}"]
+    return []
+
+
+def _split_settings(settings: Settings) -> str:
+    """``partitioner = 'dirichlet', dirichlet-alpha = 0.5, ...``: the settings that shape the split, as set."""
+    by_partitioner = {
+        "dirichlet": ("dirichlet-alpha", "min-partition-size", "dirichlet-self-balancing", "partition-top-up"),
+        "pathological": ("classes-per-client",),
+        "shard": ("shards-per-client",),
+    }
+    keys = [*by_partitioner.get(settings.partitioner, ()), "train-subset", "rare-clients", "noisy-clients"]
+    values = settings.model_dump(by_alias=True)
+    shown = [f"{key} = {values[key]!r}" for key in keys if values[key] or key == "dirichlet-alpha"]
+    return ", ".join([f"partitioner = {settings.partitioner!r}", *shown])
+
+
 def data_problems(settings: Settings, num_partitions: int) -> list[str]:
     """Why the data cannot be split ``num_partitions`` ways, or the server's data not used (empty when fine)."""
     accepted = (
         "accepted: at most as many partitions as the training samples allow "
         "(fewer SuperNodes, a larger train-subset, partition-top-up = true, or a different partitioner)"
     )
-    prefix = f"dataset = {settings.dataset!r} with {num_partitions} partitions ({settings.partitioner})"
+    prefix = f"dataset = {settings.dataset!r} with {num_partitions} partitions ({_split_settings(settings)})"
     try:
         sizes = partition_sizes(data_spec(settings, num_partitions))
     except (IndexError, ValueError) as err:  # Flower Datasets' partitioners fail this way
@@ -168,7 +323,12 @@ def check_run(run_config: Mapping[str, Any], num_partitions: int | None = None) 
         The federation's size; without it the data split is not checked.
     """
     settings = parse_settings(run_config)
-    problems = combination_problems(settings)
+    problems = dataset_problems(settings) or combination_problems(settings)
+    if num_partitions is not None and settings.min_train_nodes > num_partitions:
+        problems.append(
+            f"min-train-nodes = {settings.min_train_nodes} waits for more nodes than the federation's "
+            f"{num_partitions}; accepted: min-train-nodes <= {num_partitions} (or more SuperNodes)"
+        )
     if num_partitions is not None and not problems:
         problems += data_problems(settings, num_partitions)
     if problems:

@@ -15,6 +15,14 @@ Each run writes one folder, ``<output-dir>/<run-name>/``::
 A run started with ``resume-from=<run folder>`` continues in that folder from
 its checkpoint; because client sampling and client seeds depend only on (seed,
 round, partition), it ends exactly where the uninterrupted run would have.
+The checkpoint is replaced atomically (:meth:`Checkpoint.save`), so a server
+killed at any moment leaves a whole one, and read with ``weights_only=True``
+(:meth:`Checkpoint.load`), so a file that is not one is refused with a
+message, never unpickled. What it cannot hold is state kept on the clients:
+``persist-optimizer-state`` keeps each client's optimizer in its node's
+Flower context, which a new run (the resumed one) starts empty, so such a run
+resumes with fresh client optimizers and does not end exactly where the
+uninterrupted one does.
 """
 
 from __future__ import annotations
@@ -24,7 +32,9 @@ import logging
 import math
 import os
 import platform
+import re
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -34,6 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedweigh.protocol import TIMING_KEYS
+
 logger = logging.getLogger("flwr.fedweigh")
 
 CONFIG_FILE = "config.json"
@@ -42,25 +54,192 @@ CHECKPOINT_FILE = "checkpoint.pt"
 MODEL_FILE = "model.pt"
 SUMMARY_FILE = "summary.json"
 
+TIMING_FIELDS = ("seconds", *TIMING_KEYS)
+"""The fields of metrics.jsonl and summary.json that measure wall time; everything else is determined
+by the run config and seed (on CPU)."""
+
+
+CHECKPOINT_FORMAT = "fedweigh-checkpoint"
+"""The ``format`` entry of every checkpoint this app writes: a file without it is not one of ours."""
+CHECKPOINT_VERSION = 1
+"""The layout version this code writes and the newest it reads (0: the unmarked files of earlier versions)."""
+_CHECKPOINT_KEYS = {"round", "arrays", "strategy_state"}
+_ACCEPTED = (
+    f"accepted: the folder of an earlier run of this app, with the {CHECKPOINT_FILE} it wrote "
+    f"(format {CHECKPOINT_FORMAT!r}, version {CHECKPOINT_VERSION} or older)"
+)
+_SAFE_NUMPY_TYPES = (
+    np.bool_,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.longlong,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.ulonglong,
+    np.float16,
+    np.float32,
+    np.float64,
+    np.longdouble,
+    np.complex64,
+    np.complex128,
+)
+
+
+def _safe_globals() -> list[Any]:
+    """What ``torch.load(weights_only=True)`` may build besides tensors and plain values: numeric numpy data.
+
+    A checkpoint holds numpy arrays (the global models) and scalars (rule
+    state); these rebuild them and nothing else: an object array or any
+    other class in the file is refused, so loading never runs code from it.
+    """
+    from numpy._core.multiarray import _reconstruct, scalar
+
+    return [_reconstruct, scalar, np.ndarray, np.dtype, *{type(np.dtype(kind)) for kind in _SAFE_NUMPY_TYPES}]
+
 
 @dataclass
 class Checkpoint:
-    """The state a run needs to continue after round ``round``."""
+    """The state a run needs to continue after round ``round``: the global model and the strategy's state.
+
+    The file is a ``torch.save``'d dict marked ``format`` =
+    :data:`CHECKPOINT_FORMAT`, ``version`` = :data:`CHECKPOINT_VERSION`,
+    holding tensors, numeric numpy arrays and plain Python values only, so
+    that :meth:`load` can read it with ``weights_only=True``.
+    """
 
     round: int
     arrays: dict[str, np.ndarray]
     strategy_state: dict[str, Any]
 
     def save(self, path: Path) -> None:
-        """Write atomically: a crash mid-write never leaves a broken checkpoint."""
-        partial = path.with_suffix(".partial")
-        torch.save({"round": self.round, "arrays": self.arrays, "strategy_state": self.strategy_state}, partial)
-        os.replace(partial, path)
+        """Write atomically: a crash at any point leaves the previous checkpoint or this one, whole.
+
+        The payload goes to a temporary file in the same folder (so that the
+        rename cannot cross file systems), which is flushed and fsync'ed
+        before ``os.replace`` puts it in place; the folder is fsync'ed after,
+        so that the rename itself survives a power cut. A failed write removes
+        its temporary file; those of writers that were killed (a crashed
+        server) are removed before writing.
+        """
+        path = Path(path)
+        for leftover in path.parent.glob(f".{path.name}.*.tmp"):
+            leftover.unlink(missing_ok=True)
+        payload = {
+            "format": CHECKPOINT_FORMAT,
+            "version": CHECKPOINT_VERSION,
+            "round": self.round,
+            "arrays": self.arrays,
+            "strategy_state": self.strategy_state,
+        }
+        partial = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
+        # os.open with 0o666 (umask applied), not mkstemp's 0o600: the checkpoint is as readable as any result file
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        try:
+            with os.fdopen(descriptor, "wb") as handle:
+                torch.save(payload, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(partial, path)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        _fsync_folder(path.parent)
 
     @classmethod
-    def load(cls, path: Path) -> Checkpoint:
-        payload = torch.load(path, weights_only=False)
-        return cls(round=payload["round"], arrays=payload["arrays"], strategy_state=payload["strategy_state"])
+    def load(cls, path: Path, setting: str = "resume-from") -> Checkpoint:
+        """Read a checkpoint :meth:`save` wrote; anything else is a ``ValueError`` naming ``setting`` and the file.
+
+        The file is read with ``weights_only=True`` (numeric numpy data
+        allow-listed), so a foreign or tampered file cannot run code; a
+        truncated one, random bytes, a file of another program (a model's
+        ``state_dict``, say) or of a newer fedweigh are refused with what was
+        found and what is accepted. Unmarked files of earlier versions (the
+        same three entries, no ``format``) are read as version 0.
+        """
+        path = Path(path)
+
+        def refused(why: str) -> ValueError:
+            return ValueError(f"setting {setting} = {str(path.parent)!r}: {path} {why}; {_ACCEPTED}")
+
+        try:
+            with torch.serialization.safe_globals(_safe_globals()):
+                payload = torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise refused("does not exist") from None
+        except Exception as err:  # noqa: BLE001 - whatever torch makes of a bad file, one clear message
+            raise refused(_unreadable(path, err)) from err
+        if not isinstance(payload, dict):
+            raise refused(f"holds a {type(payload).__name__}, not a fedweigh checkpoint")
+        version = payload.get("format") == CHECKPOINT_FORMAT and payload.get("version")
+        if version is False and set(payload) == _CHECKPOINT_KEYS:
+            version = 0  # written before checkpoints were marked
+        if version is False:
+            raise refused(f"is not a fedweigh checkpoint: it holds {_describe(payload)}")
+        if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version <= CHECKPOINT_VERSION:
+            raise refused(f"is a fedweigh checkpoint of version {version!r}, which this version cannot read")
+        round_, arrays, state = (payload.get(key) for key in ("round", "arrays", "strategy_state"))
+        if not isinstance(round_, int) or isinstance(round_, bool) or round_ < 0:
+            raise refused(f"is a damaged fedweigh checkpoint: round = {round_!r}")
+        if not isinstance(arrays, dict) or not all(
+            isinstance(k, str) and isinstance(v, np.ndarray) for k, v in arrays.items()
+        ):
+            raise refused("is a damaged fedweigh checkpoint: its arrays are not named numpy arrays")
+        if not isinstance(state, dict):
+            raise refused(f"is a damaged fedweigh checkpoint: its strategy state is a {type(state).__name__}")
+        return cls(round=round_, arrays=arrays, strategy_state=state)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (POSIX; a no-op where folders cannot be opened, e.g. Windows)."""
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _unreadable(path: Path, err: Exception) -> str:
+    """Why ``torch.load`` could not read ``path``, in a few words.
+
+    ``torch.save`` writes a zip archive: a file that starts like one but cannot
+    be read is a truncated or damaged PyTorch file; anything else is not one.
+    """
+    if path.is_dir():
+        return "is a folder, not a file"
+    if isinstance(err, EOFError) or (path.is_file() and path.stat().st_size == 0):
+        return "is empty (a write that never finished?)"
+    text = str(err)
+    if found := re.search(r"GLOBAL ([\w.]+)", text):
+        return (
+            f"holds Python objects ({found.group(1)}) that a fedweigh checkpoint never holds; "
+            "not loaded, since unpickling them could run code"
+        )
+    detail = text.split("WeightsUnpickler error:", 1)[-1].strip().split("\n", 1)[0].split(". ", 1)[0][:160]
+    if isinstance(err, PermissionError):
+        return f"cannot be read: {err.strerror}"
+    try:
+        with path.open("rb") as handle:
+            zipped = handle.read(4) == b"PK\x03\x04"
+    except OSError:
+        zipped = False
+    if zipped:
+        return f"is truncated or damaged (a PyTorch file that cannot be read whole: {type(err).__name__}: {detail})"
+    return f"is not a PyTorch file, or is damaged ({type(err).__name__}: {detail})"
+
+
+def _describe(payload: Mapping[Any, Any]) -> str:
+    """A few words on a dict that is not a checkpoint: its size, kind and first keys."""
+    keys = list(payload)
+    shown = ", ".join(repr(key) for key in keys[:4]) + (", ..." if len(keys) > 4 else "")
+    if keys and all(isinstance(value, torch.Tensor) for value in payload.values()):
+        return f"a dict of {len(keys)} tensors (a model's state_dict?): {shown}"
+    return f"a dict with keys {shown}" if keys else "an empty dict"
 
 
 def default_run_name(strategy: str) -> str:
@@ -177,6 +356,21 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The rows of a run's metrics.jsonl."""
     path = Path(run_dir) / METRICS_FILE
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def without_timing(value: Any) -> Any:
+    """``value`` (a metrics row, a summary, or a list of them) without its :data:`TIMING_FIELDS`, at any depth.
+
+    Two runs of one config and seed on CPU give equal results under it.
+
+    >>> without_timing({"round": 1, "seconds": 2.5, "clients": [{"partition": 0, "train-seconds": 1.0}]})
+    {'round': 1, 'clients': [{'partition': 0}]}
+    """
+    if isinstance(value, dict):
+        return {key: without_timing(item) for key, item in value.items() if key not in TIMING_FIELDS}
+    if isinstance(value, list):
+        return [without_timing(item) for item in value]
+    return value
 
 
 def _version(package: str) -> str:

@@ -30,6 +30,7 @@ from fedweigh.settings import Settings, SettingsError
 from fedweigh.strategies.aggregation import decode
 from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.build import build_strategy
+from fedweigh.strategies.replay import ReplayGrid
 from fedweigh.strategies.sampling import NodeDirectory
 
 logger = logging.getLogger("flwr.fedweigh")
@@ -84,9 +85,12 @@ def central_evaluation(
                 "left_out": record.left_out if record else {},
                 "aggregated": record.aggregated if record else False,
                 "in_flight": record.in_flight if record else [],
+                "excluded": record.excluded if record else 0,
                 "diagnostics": record.diagnostics if record else {},
             }
         )
+        if record and record.faults:  # fault injection: who was told to commit which fault
+            row["faults"] = record.faults
         recorder.record_round(row, settings.num_server_rounds)
         Checkpoint(current, decode(arrays), strategy.state()).save(run_dir / "checkpoint.pt")
         return None if result is None else MetricRecord({"accuracy": result.accuracy, "loss": result.loss})
@@ -108,6 +112,12 @@ def main(grid: Grid, context: Context) -> None:
         start_round = checkpoint.round
         initial = ArrayRecord({k: torch.from_numpy(v) for k, v in checkpoint.arrays.items()})
         logger.info("[fedweigh] resuming %s after round %d", run_dir, start_round)
+        if settings.persist_optimizer_state:
+            logger.warning(
+                "[fedweigh] persist-optimizer-state = true: the clients' optimizer state lives on the clients, not in "
+                "the checkpoint; the resumed run starts it afresh, so it will not end exactly where an uninterrupted "
+                "run would"
+            )
     else:
         start_round = 0
         initial = ArrayRecord(exchanged_state(model))
@@ -137,6 +147,15 @@ def main(grid: Grid, context: Context) -> None:
     if settings.resume_from:
         strategy.load_state(checkpoint.strategy_state)
 
+    if strategy.faults is not None:
+        logger.warning(
+            "[fedweigh] fault injection: %s of each round's clients commit %s",
+            settings.faults.fraction,
+            ", ".join(strategy.faults.kinds),
+        )
+        if "duplicate" in strategy.faults.kinds:
+            grid = ReplayGrid(grid)  # the transport's fault: some replies delivered twice
+
     recorder = RunRecorder(run_dir)
     recorder.begin(settings.model_dump(by_alias=True), start_round, instruction=strategy.recipe)
     logger.info("[fedweigh] results: %s", run_dir)
@@ -144,6 +163,7 @@ def main(grid: Grid, context: Context) -> None:
         grid=grid,
         initial_arrays=initial,
         num_rounds=settings.num_server_rounds - start_round,
+        timeout=settings.round_timeout,
         evaluate_fn=central_evaluation(settings, test, strategy, recorder, run_dir, model),
     )
 

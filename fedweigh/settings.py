@@ -31,6 +31,7 @@ fedweigh.settings.SettingsError: invalid run config:
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -44,6 +45,11 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+
+def step_names(value: str) -> list[str]:
+    """``"ufl, oui"`` to ``["ufl", "oui"]``."""
+    return [name.strip() for name in value.split(",") if name.strip()]
 
 
 def _dashed(name: str) -> str:
@@ -85,6 +91,12 @@ def _check_name(value: str, accepted: Sequence[str] | None, what: str) -> str:
     return value
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_INT64_ACCEPTED = f"out of range; accepted: integers from {INT64_MIN} to {INT64_MAX} (64 bits, as in TOML)"
+FLOAT32_MAX = 3.4028234663852886e38
+_FLOAT32_ACCEPTED = f"out of range; accepted: numbers of magnitude at most {FLOAT32_MAX:.4g} (torch's float32)"
+
+
 class _Section(BaseModel):
     """Base of every settings table: dashed keys, unknown keys rejected."""
 
@@ -93,7 +105,18 @@ class _Section(BaseModel):
         alias_generator=_dashed,
         populate_by_name=True,
         frozen=True,
+        allow_inf_nan=False,  # NaN or infinity is never a usable setting (it ran and trained garbage)
     )
+
+    @field_validator("*")
+    @classmethod
+    def _representable(cls, value: Any) -> Any:
+        """Integers fit TOML's (and Flower's) 64 bits, numbers torch's float32: larger ones overflowed in torch."""
+        if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+            raise ValueError(_INT64_ACCEPTED)
+        if isinstance(value, float) and abs(value) > FLOAT32_MAX:  # e.g. an optimizer's learning rate
+            raise ValueError(_FLOAT32_ACCEPTED)
+        return value
 
 
 class FedProxSettings(_Section):
@@ -225,6 +248,57 @@ class FedFTSettings(_Section):
     batch_size: int = Field(64, ge=1)
 
 
+FAULT_KINDS = (
+    "exception",
+    "stall",
+    "nan",
+    "inf",
+    "wrong-shape",
+    "wrong-dtype",
+    "missing-tensor",
+    "extra-tensor",
+    "scaled",
+    "signal-missing",
+    "signal-nan",
+    "signal-negative",
+    "signal-range",
+    "duplicate",
+    "old-round",
+)
+"""What a faulty client can do (``faults.kinds``); :mod:`fedweigh.faults` says what each one is."""
+
+
+class FaultSettings(_Section):
+    """``[faults]``: fault injection, for testing: a seeded share of each round's sampled clients misbehaves."""
+
+    kinds: str = ""  # comma-separated FAULT_KINDS, or "all"; "": no faults
+    fraction: float = Field(0.0, ge=0.0, le=1.0)  # share of each round's sampled clients that misbehave
+    scale: float = Field(1e6, allow_inf_nan=False)  # the factor of the "scaled" fault
+
+    @field_validator("kinds")
+    @classmethod
+    def _known_kinds(cls, value: str) -> str:
+        unknown = [name for name in step_names(value) if name not in (*FAULT_KINDS, "all")]
+        if unknown:
+            raise ValueError(f"unknown fault {', '.join(unknown)}; accepted: all, {', '.join(FAULT_KINDS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _kinds_with_fraction(self) -> FaultSettings:
+        if bool(step_names(self.kinds)) != (self.fraction > 0):
+            raise ValueError(
+                f"faults.kinds = {self.kinds!r} with faults.fraction = {self.fraction!r} injects nothing; "
+                "accepted: both set (kinds and a fraction above 0) or neither"
+            )
+        return self
+
+    @property
+    def kind_list(self) -> tuple[str, ...]:
+        """The kinds to inject, in :data:`FAULT_KINDS` order ("all": every one)."""
+        names = step_names(self.kinds)
+        return FAULT_KINDS if "all" in names else tuple(kind for kind in FAULT_KINDS if kind in names)
+
+
 class Settings(_Section):
     """Every setting of a run; see the README for what each one does."""
 
@@ -237,6 +311,10 @@ class Settings(_Section):
     min_train_nodes: int = Field(2, ge=1)
     fraction_evaluate: float = Field(0.0, ge=0.0, le=1.0)
     max_staleness: int = Field(0, ge=0)  # rounds a reply's model may lag behind and still be used
+    round_timeout: float = Field(3600.0, gt=0.0, allow_inf_nan=False)  # seconds a round waits for replies
+    # robust aggregation, off by default (the papers' methods as published)
+    update_norm_bound: float = Field(0.0, ge=0.0, allow_inf_nan=False)  # cap ||update|| at this x the round's median
+    trimmed_mean: float = Field(0.0, ge=0.0, lt=0.5)  # share trimmed at each end, per coordinate; 0: the plain mean
     # asynchrony: simulated (each reply held back a half-normal number of rounds) and real (a round's deadline)
     delay_std: float = Field(0.0, ge=0.0, allow_inf_nan=False)  # σ of the half-normal delay, in rounds; 0: none
     round_deadline: float = Field(0.0, ge=0.0, allow_inf_nan=False)  # seconds; 0: a round waits for every reply
@@ -313,6 +391,7 @@ class Settings(_Section):
     fedasync: FedAsyncSettings = FedAsyncSettings()
     center: CenterSettings = CenterSettings()
     fedft: FedFTSettings = FedFTSettings()
+    faults: FaultSettings = FaultSettings()
 
     @field_validator("strategy")
     @classmethod
@@ -435,11 +514,6 @@ def hidden_sizes(value: str) -> tuple[int, ...]:
     return sizes
 
 
-def step_names(value: str) -> list[str]:
-    """``"ufl, oui"`` to ``["ufl", "oui"]``."""
-    return [name.strip() for name in value.split(",") if name.strip()]
-
-
 class SettingsError(ValueError):
     """A run config that cannot be used; the message lists every problem."""
 
@@ -448,17 +522,67 @@ class SettingsError(ValueError):
         super().__init__("invalid run config:\n" + "\n".join(f"  - {problem}" for problem in self.problems))
 
 
+def setting_names() -> list[str]:
+    """Every run-config key, dotted for the tables (``fedprox.proximal-mu``)."""
+    names = []
+    for name, field in Settings.model_fields.items():
+        table = field.annotation
+        if isinstance(table, type) and issubclass(table, _Section):
+            names += [f"{_dashed(name)}.{_dashed(key)}" for key in table.model_fields]
+        else:
+            names.append(_dashed(name))
+    return names
+
+
+def _accepted_keys(key: str) -> str:
+    close = difflib.get_close_matches(key, setting_names(), n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"accepted: the keys of the app's [tool.flwr.app.config] (README: Settings){hint}"
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-2:]}"
+
+
+def _leaves(name: str, value: Any) -> list[tuple[str, Any]]:
+    if not isinstance(value, Mapping):
+        return [(name, value)]
+    return [leaf for key, item in value.items() for leaf in _leaves(f"{name}.{key}", item)]
+
+
+def _nest(flat: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Flower's dotted keys back into tables, and the keys that cannot be placed in them."""
+    keys = {str(key) for key in flat}
+    tables = {name.split(".")[0] for name in setting_names() if "." in name}
+    nested: dict[str, Any] = {}
+    problems = []
+    for key, value in flat.items():
+        name, shown = str(key), _shown(value)
+        parts = name.split(".")
+        blocked = [prefix for prefix in (".".join(parts[:end]) for end in range(1, len(parts))) if prefix in keys]
+        if not all(parts):
+            problems.append(f"{name!r} = {shown}: not a setting name (empty between dots); {_accepted_keys(name)}")
+        elif blocked and blocked[0] not in tables:
+            problems.append(f"{name} = {shown}: unknown setting ({blocked[0]} is not a table); {_accepted_keys(name)}")
+        elif name in tables and not isinstance(value, Mapping):
+            problems.append(f"{name} = {shown}: {name} is a table; accepted: its keys one by one ({name}.<key> = ...)")
+        else:
+            node = nested
+            for table in parts[:-1]:
+                node = node.setdefault(table, {})
+            if isinstance(value, Mapping):
+                node.setdefault(parts[-1], {}).update(value)
+            else:
+                node[parts[-1]] = value
+    return nested, problems
+
+
 def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
     """Turn Flower's dotted keys (``fedprox.proximal-mu``) back into tables."""
-    nested: dict[str, Any] = {}
-    for key, value in flat.items():
-        *tables, leaf = key.split(".")
-        node = nested
-        for table in tables:
-            node = node.setdefault(table, {})
-            if not isinstance(node, dict):
-                raise SettingsError([f"{key}: {table} is not a table"])
-        node[leaf] = value
+    nested, problems = _nest(flat)
+    if problems:
+        raise SettingsError(problems)
     return nested
 
 
@@ -487,19 +611,25 @@ def validate(run_config: Mapping[str, Any], catalog: Catalog | None = None) -> S
         Listing, for each bad entry, the setting, the value given and what is
         accepted. Unknown settings are reported the same way.
     """
-    nested = nest(run_config)
+    nested, lines = _nest(run_config)
     try:
-        return Settings.model_validate(nested, context={"catalog": catalog or Catalog()})
+        settings = Settings.model_validate(nested, context={"catalog": catalog or Catalog()})
     except ValidationError as err:
-        lines = []
         for problem in err.errors():
             location = tuple(problem["loc"])
             name = ".".join(str(part) for part in location)
             message = problem["msg"].removeprefix("Value error, ")
-            if problem["type"] == "extra_forbidden":
-                message = "unknown setting"
+            if problem["type"] == "extra_forbidden":  # named as written: a table's dotted keys one by one
+                for key, value in _leaves(name, _lookup(nested, location)):
+                    lines.append(f"{key} = {_shown(value)}: unknown setting; {_accepted_keys(key)}")
+                continue
+            if problem["type"] == "int_parsing_size":  # a string of thousands of digits
+                message = _INT64_ACCEPTED
             if not location:  # a check across settings names them itself
                 lines.append(message)
                 continue
-            lines.append(f"{name} = {_lookup(nested, location)!r}: {message}")
+            lines.append(f"{name} = {_shown(_lookup(nested, location))}: {message}")
         raise SettingsError(lines) from None
+    if lines:
+        raise SettingsError(lines)
+    return settings

@@ -131,3 +131,41 @@ def shared_simulation(tmp_path_factory):
             simulation.stop()
             alive = [pid for tree in trees for pid, _ in ProcessTree._living({tree.root, *tree.known}, tree.refresh())]
             assert not alive, f"the shared simulation left processes behind: {alive}"
+
+
+# Each strategy of fedweigh.methods on digits, with the options it needs (the server's own data) and those that
+# give it server state to carry across rounds (FedOUI's window, a small Feddle atlas, Center's optimizer), in
+# runs short enough to repeat: test_resume.py and test_determinism.py compare runs of these.
+SERVER_DATA = {"server-data": "id", "server-data-size": 60}
+STRATEGY_OPTIONS: dict[str, dict[str, object]] = {
+    "fedoui": {"fedoui.window": 3},
+    "feddle": {**SERVER_DATA, "feddle.search-epochs": 1, "feddle.atlas-size": 3},
+    "fedbuff": {"feddle.atlas-size": 3},
+    "center": {**SERVER_DATA, "center.epochs": 3},
+    "fedft": SERVER_DATA,
+}
+QUICK_RUN = {"num-server-rounds": 3, "fraction-train": 0.5, "local-epochs": 1, "seed": 3}
+
+
+@pytest.fixture(scope="session")
+def in_process_runs(tmp_path_factory):
+    """``run(name, config, num_nodes=4, node_seed=0) -> folder``: an in-process run (``loopback``), once per session.
+
+    Test modules comparing runs (a resumed run with an uninterrupted one, two runs of one seed) share the
+    uninterrupted runs through it; asking again for a name returns the first run's folder, and asking for a
+    name with another config or federation is an error.
+    """
+    from loopback import run_in_process
+
+    folder = tmp_path_factory.mktemp("shared-runs")
+    done: dict[str, tuple[str, Path]] = {}
+
+    def run(name: str, config: Mapping, num_nodes: int = 4, node_seed: int = 0) -> Path:
+        key = repr((sorted(config.items()), num_nodes, node_seed))
+        if name not in done:
+            overrides = {**config, "output-dir": str(folder), "run-name": name}
+            done[name] = (key, run_in_process(overrides, num_nodes=num_nodes, node_seed=node_seed))
+        assert done[name][0] == key, f"run {name!r} was run with another config"
+        return done[name][1]
+
+    return run

@@ -18,6 +18,7 @@ be run end to end on every change.
 from __future__ import annotations
 
 import random
+import threading
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -86,19 +87,34 @@ class LoopbackGrid(Grid):
         raise NotImplementedError("the loopback grid answers in send_and_receive")
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """Each message through its node's ClientApp, one at a time; a reply later than ``timeout`` is lost.
+
+        Clients run one after another here, but a round's clients run side by
+        side in a federation, so the timeout applies to each client's own time:
+        a ClientApp still busy after ``timeout`` seconds is left to finish in
+        its thread, and its reply never arrives, as with Flower's grid.
+        """
         replies = []
         for message in messages:
             message.metadata.__dict__["_message_id"] = uuid.uuid4().hex
             self.sent.append(message)
             received = over_the_wire(message)
-            try:
-                reply = self.client_app(received, self.contexts[message.metadata.dst_node_id])
-            except Exception as err:  # noqa: BLE001 - Flower's runtime turns this into an error reply
-                reply = Message(
-                    Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(err).__name__}: {err}"), reply_to=received
-                )
-            replies.append(over_the_wire(reply))
+            answer: list[Message] = []
+            worker = threading.Thread(target=self._answer, args=(received, answer), daemon=True)
+            worker.start()
+            worker.join(timeout)
+            if answer:
+                replies.append(over_the_wire(answer[0]))
         return replies
+
+    def _answer(self, received: Message, answer: list[Message]) -> None:
+        try:
+            reply = self.client_app(received, self.contexts[received.metadata.dst_node_id])
+        except Exception as err:  # noqa: BLE001 - Flower's runtime turns this into an error reply
+            reply = Message(
+                Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(err).__name__}: {err}"), reply_to=received
+            )
+        answer.append(reply)
 
 
 def full_run_config(overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -6,8 +6,10 @@ they parse; every flag they pass exists in the installed Flower CLI, is not
 deprecated, and is accepted with its value; the images are Flower's at the
 installed Flower version; addresses, ports, networks and partitions agree
 between services; every volume they mount exists in the repository or is
-made by the scripts in ``deploy/``; the TLS variant leaves nothing insecure
-between the SuperLink and the SuperNodes; the GPU variant reserves GPUs.
+made by the scripts in ``deploy/``; every compose file is TLS-only with
+SuperNode authentication (there is no plaintext variant: no ``--insecure``
+anywhere, every connection verified with the federation's CA, every
+SuperNode with its own key); the GPU variant reserves GPUs.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from packaging.specifiers import SpecifierSet
 
 FLOWER = flwr.__version__
 BIN = Path(sys.executable).parent
-FILES = {"base": "docker-compose.yml", "tls": "docker-compose.tls.yml", "gpu": "docker-compose.gpu.yml"}
-VARIANTS = {"base": ["base"], "tls": ["base", "tls"], "gpu": ["base", "gpu"], "tls+gpu": ["base", "tls", "gpu"]}
+FILES = {"base": "docker-compose.yml", "gpu": "docker-compose.gpu.yml"}
+VARIANTS = {"base": ["base"], "gpu": ["base", "gpu"]}
 FLOWER_IMAGES = {"flwr/superlink": "flower-superlink", "flwr/supernode": "flower-supernode"}
 _VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
 # Compose merges an overlay's volumes into the base's by container path; command
@@ -239,8 +241,6 @@ def test_addresses_ports_and_partitions_agree(name):
     assert option(link, "--host") == "0.0.0.0"
     published = [str(mapping) for mapping in link["ports"]]
     assert len(published) == 1 and published[0].endswith(f"{port}:{port}"), published
-    if "--insecure" in command(link):  # without TLS, only this machine may reach it
-        assert published[0].startswith("127.0.0.1:"), published
     assert option(config["superexec-serverapp"], "--runtime-api-address") == f"superlink:{port}"
     assert set(config["superexec-serverapp"]["networks"]) & set(link["networks"])
 
@@ -274,7 +274,9 @@ def made_by_scripts(tmp_path_factory) -> set[str]:
     """Repository-relative paths that deploy/make-*.sh write (run into a scratch copy)."""
     scratch = tmp_path_factory.mktemp("deploy")
     subprocess.run([REPO / "deploy/make-certificates.sh", "-o", scratch / "certificates"], check=True, timeout=60)
-    nodes = supernodes(services("tls"))
+    nodes = supernodes(services("base"))
+    runtime = [arg for node in nodes for arg in ("-s", node)]
+    subprocess.run([REPO / "deploy/make-certificates.sh", "-o", scratch / "certificates", *runtime], check=True)
     subprocess.run([REPO / "deploy/make-supernode-keys.sh", "-o", scratch / "keys", *nodes], check=True, timeout=60)
     return {f"deploy/{path.relative_to(scratch)}" for path in scratch.rglob("*") if path.is_file()}
 
@@ -296,57 +298,113 @@ def test_every_mounted_volume_exists_or_is_made_by_a_deploy_script(name, made_by
             assert (REPO / relative).parent.is_dir(), f"{service}: the folder of {source} is not in the repository"
 
 
-def test_tls_variant_leaves_nothing_insecure_between_superlink_and_supernodes(made_by_scripts, tmp_path):
-    config = services("tls")
+def mounts(service: Mapping[str, Any]) -> dict[str, str]:
+    """Container path to host path of a service's bind mounts."""
+    return {str(v).split(":")[1]: str(v).split(":")[0] for v in service.get("volumes", []) if str(v).startswith(".")}
+
+
+def test_no_compose_file_runs_without_tls():
+    """Every compose file in the repository, overlays and profiles included: no plaintext anywhere."""
+    found = sorted(path.name for path in REPO.glob("docker-compose*.y*ml"))
+    assert found == sorted(FILES.values()), f"compose files not checked here: {set(found) - set(FILES.values())}"
+    for name, file in FILES.items():
+        assert "--insecure" not in (REPO / file).read_text(), f"{file} mentions --insecure"
+        for service, body in load(name)["services"].items():
+            args = command(body)
+            assert not any(arg.startswith("--insecure") for arg in args), f"{file}: {service} runs without TLS"
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_every_connection_is_tls_verified_by_the_ca_and_every_supernode_authenticated(name, made_by_scripts):
+    """The SuperLink serves TLS and refuses unregistered SuperNodes; each client side verifies with ca.crt."""
+    config = services(name)
     link = config["superlink"]
-    for name in ["superlink", "superexec-serverapp", *supernodes(config)]:
-        assert "--insecure" not in command(config[name]), name
     assert "--enable-supernode-auth" in command(link)
-    mounted = {str(v).split(":")[1]: str(v).split(":")[0] for v in link["volumes"]}
-    for flag, file in (
-        ("--ssl-ca-certfile", "ca.crt"),
-        ("--ssl-certfile", "server.crt"),
-        ("--ssl-keyfile", "server.key"),
-    ):
-        assert mounted[option(link, flag)] == f"./deploy/certificates/{file}"
+    superlink_tls = {"--ssl-ca-certfile": "ca.crt", "--ssl-certfile": "server.crt", "--ssl-keyfile": "server.key"}
+    for server in [service for service in config if service.startswith("superlink")]:  # and the simulation one
+        for flag, file in superlink_tls.items():
+            assert mounts(config[server])[option(config[server], flag)] == f"./deploy/certificates/{file}", server
+    executor = config["superexec-serverapp"]
+    assert mounts(executor)[option(executor, "--root-certificates")] == "./deploy/certificates/ca.crt"
 
     keys = set()
     for node in supernodes(config):
-        body = config[node]
-        mounted = {str(v).split(":")[1]: str(v).split(":")[0] for v in body["volumes"]}
-        assert mounted[option(body, "--root-certificates")] == "./deploy/certificates/ca.crt"
+        body, number = config[node], node.split("-")[1]
+        mounted = mounts(body)
+        assert mounted[option(body, "--root-certificates")] == "./deploy/certificates/ca.crt"  # the SuperLink
         keys.add(mounted[option(body, "--auth-supernode-private-key")])
-        assert not any(src.endswith(("server.key", "ca.key")) for src in mounted.values()), f"{node} sees a secret"
+        # Its Runtime API, for its SuperExec: a certificate for its own name, verified by the same CA.
+        assert mounted[option(body, "--ssl-certfile")] == f"./deploy/certificates/{node}.crt"
+        assert mounted[option(body, "--ssl-keyfile")] == f"./deploy/certificates/{node}.key"
+        assert mounted[option(body, "--ssl-ca-certfile")] == "./deploy/certificates/ca.crt"
+        clientapps = config[f"superexec-clientapp-{number}"]
+        assert mounts(clientapps)[option(clientapps, "--root-certificates")] == "./deploy/certificates/ca.crt"
+        visible = {src for service in (body, clientapps) for src in mounts(service).values()}
+        secrets = {src for src in visible if src.endswith(".key") or "/keys/" in src}
+        assert secrets == {f"./deploy/certificates/{node}.key", f"./deploy/keys/{node}"}, f"{node} sees {secrets}"
     assert keys == {f"./deploy/keys/{node}" for node in supernodes(config)}  # one key per node, its own
+    for service, body in config.items():
+        if service not in {"superlink", "superlink-simulation"}:
+            assert not {"./deploy/certificates/server.key", "./deploy/certificates/ca.key"} & set(
+                mounts(body).values()
+            ), f"{service} sees the SuperLink's or the CA's key"
 
-    # The certificate made by the script names the SuperLink as the SuperNodes call it.
+
+def test_certificates_name_every_server_as_its_clients_call_it(tmp_path):
+    """The script's certificates, made as docs/deployment.md says, verify for the names the compose file uses."""
+    config = services("base")
+    nodes = supernodes(config)
     certificates = tmp_path / "certificates"
-    subprocess.run([REPO / "deploy/make-certificates.sh", "-o", certificates], check=True, timeout=60)
-    san = subprocess.run(
-        ["openssl", "x509", "-in", certificates / "server.crt", "-noout", "-ext", "subjectAltName"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    host = option(config[supernodes(config)[0]], "--superlink").split(":")[0]
-    assert f"DNS:{host}" in san and "IP Address:127.0.0.1" in san  # the `flwr` CLI on the Docker host
-    verify = ["openssl", "verify", "-CAfile", certificates / "ca.crt", certificates / "server.crt"]
-    assert subprocess.run(verify, capture_output=True, check=False).returncode == 0
+    subprocess.run(
+        [REPO / "deploy/make-certificates.sh", "-o", certificates, "-c", str(len(nodes))], check=True, timeout=60
+    )
+    superlink = option(config[nodes[0]], "--superlink").split(":")[0]
+    names = {"server": superlink} | {
+        node: option(config[f"superexec-clientapp-{node.split('-')[1]}"], "--runtime-api-address").split(":")[0]
+        for node in nodes
+    }
+    for file, host in names.items():
+        verify = ["openssl", "verify", "-CAfile", certificates / "ca.crt", "-verify_hostname", host]
+        result = subprocess.run([*verify, certificates / f"{file}.crt"], capture_output=True, text=True, check=False)
+        assert result.returncode == 0, f"{file}.crt does not verify for {host}: {result.stdout}{result.stderr}"
+    # The `flwr` CLI on the Docker host reaches the published port on 127.0.0.1.
+    verify = ["openssl", "verify", "-CAfile", certificates / "ca.crt", "-verify_ip", "127.0.0.1"]
+    assert subprocess.run([*verify, certificates / "server.crt"], capture_output=True, check=False).returncode == 0
+    wrong = ["openssl", "verify", "-CAfile", certificates / "ca.crt", "-verify_hostname", "elsewhere.example.org"]
+    assert subprocess.run([*wrong, certificates / "server.crt"], capture_output=True, check=False).returncode != 0
+
+
+def subject_alt_names(certificate) -> str:
+    """The subjectAltName extension of a certificate, as openssl prints it."""
+    command = ["openssl", "x509", "-in", certificate, "-noout", "-ext", "subjectAltName"]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout
 
 
 def test_certificate_script_puts_names_and_addresses_in_the_certificate(tmp_path):
     script = REPO / "deploy/make-certificates.sh"
     subprocess.run([script, "-o", tmp_path, "-n", "link.example.org", "-i", "10.9.8.7"], check=True, timeout=60)
-    san = subprocess.run(
-        ["openssl", "x509", "-in", tmp_path / "server.crt", "-noout", "-ext", "subjectAltName"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    san = subject_alt_names(tmp_path / "server.crt")
     assert "DNS:link.example.org" in san and "IP Address:10.9.8.7" in san and "DNS:localhost" in san
     assert oct((tmp_path / "server.key").stat().st_mode & 0o777) == "0o600"
     bad = subprocess.run([script, "-o", tmp_path, "-i", "10.9.8"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "-i expects an IPv4 or IPv6 address" in bad.stderr
+
+
+def test_certificate_script_reuses_its_ca_and_can_leave_out_loopback(tmp_path):
+    """-L: only the names given (a certificate for one host, useless for any other); the CA is kept and signs it."""
+    script = REPO / "deploy/make-certificates.sh"
+    subprocess.run([script, "-o", tmp_path], check=True, capture_output=True, timeout=60)
+    ca = (tmp_path / "ca.crt").read_bytes()
+    subprocess.run([script, "-o", tmp_path, "-n", "elsewhere.example.org", "-L"], check=True, capture_output=True)
+    assert (tmp_path / "ca.crt").read_bytes() == ca
+    san = subject_alt_names(tmp_path / "server.crt")
+    assert "DNS:elsewhere.example.org" in san and "localhost" not in san and "127.0.0.1" not in san
+    verify = ["openssl", "verify", "-CAfile", tmp_path / "ca.crt"]
+    assert subprocess.run([*verify, tmp_path / "server.crt"], capture_output=True, check=False).returncode == 0
+    loopback = subprocess.run([*verify, "-verify_ip", "127.0.0.1", tmp_path / "server.crt"], capture_output=True)
+    assert loopback.returncode != 0
+    bad = subprocess.run([script, "-o", tmp_path, "-s", "ca"], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "would overwrite ca.crt" in bad.stderr
 
 
 def test_gpu_variant_reserves_gpus_for_every_clientapp(made_by_scripts):

@@ -230,7 +230,7 @@ def test_subsets_have_the_requested_sizes() -> None:
     spec = digits_spec("iid", num_partitions=4, train_subset=500, test_subset=100)
     assert sum(partition_sizes(spec)) == 500
     assert len(load_test_split(spec)) == 100
-    with pytest.raises(ValueError, match="train_subset = 5000 exceeds"):
+    with pytest.raises(ValueError, match="train-subset = 5000 exceeds"):
         partition_sizes(digits_spec("iid", train_subset=5000))
 
 

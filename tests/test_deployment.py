@@ -3,41 +3,69 @@
 A SuperLink and three SuperNodes run as separate processes, each on its own
 host (a network namespace with its own address, see
 :mod:`virtual_federation`), and talk over 10.231.0.0/24, not loopback. TLS is
-on (a CA made by ``deploy/make-certificates.sh``), SuperNode authentication is
+on (a CA made by ``deploy/make-certificates.sh``), also on each SuperNode's
+Runtime API (to its own SuperExec and ClientApps), SuperNode authentication is
 on (keys from ``deploy/make-supernode-keys.sh``, registered with
 ``flwr supernode register``), and the operator submits ``flwr run`` from a
 host of its own. Where namespaces are not permitted the same topology runs on
 127.0.0.1 and the test says so with a :class:`LoopbackFallbackWarning`.
 
-Order matters and pytest keeps it: the refused nodes first, then a complete
-run, then a run during which a SuperNode is killed, then an asynchronous run
-whose rounds close at a deadline while a slow node (in place of the killed
-one) keeps training.
+Order matters and pytest keeps it, and later tests build on earlier ones:
+
+1. refusals: an unregistered SuperNode, one that does not trust the CA, a
+   plaintext one (``--insecure``), and one pointed at a rogue SuperLink whose
+   certificate (from the same CA) names another host;
+2. the reference run ``tls``: fedoui, 2 rounds, all three partitions;
+3. ``kill``: supernode-3 is killed mid-round, the run goes on without it (and
+   the survivors' round 1 training equals the reference's, bit for bit);
+4. supernode-3 comes back with its key and partition and is online again;
+5. ``crash``: the run's ServerApp process is killed with SIGKILL during round
+   2, then the run is resumed from its folder (``resume-from``) and ends with
+   the reference's metrics rows and model, exactly, the rejoined supernode-3
+   training in every round;
+6. supernode-3 stops cleanly and is offline at once;
+7. ``deadline``: an asynchronous run whose rounds close at a deadline while a
+   slow node, holding supernode-3's partition, keeps training.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
+import shutil
+import signal
+import subprocess
 import warnings
+from pathlib import Path
 
 import pytest
+import torch
 from virtual_federation import (
+    DEPLOY,
     Federation,
+    FlowerProcess,
     VirtualNetwork,
+    command_line,
     namespaces_permitted,
     plan_topology,
+    poll_until,
 )
 
-from fedweigh.results import read_metrics
+from fedweigh.results import Checkpoint, read_metrics, without_timing
 
 SUPERNODES = ["supernode-1", "supernode-2", "supernode-3"]
 STRANGER = "stranger"  # has a key, never registered
 NO_CA = "no-ca"  # registered, but does not trust the federation's CA
+PLAINTEXT = "plaintext"  # no TLS at all (--insecure), hence no key either
+ROGUE = "rogue"  # a second SuperLink, with a certificate from the CA for another host
+MISLED = "misled"  # a SuperNode that trusts the CA, pointed at the rogue SuperLink
 SLOW = "slow"  # registered; replies 20 s after training, like a slow device
+KEYS = [*SUPERNODES, STRANGER, NO_CA, MISLED, SLOW]
 RUN = {"strategy": "fedoui", "dataset": "digits", "seed": 2, "fraction-train": 1.0, "min-train-nodes": 2}
 RESULT_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "model.pt", "summary.json")
+CLIENT_SIDE = ("num_examples", "train_loss", "oui")  # what a client computes alone, from the model it received
 
 pytestmark = pytest.mark.xdist_group("deployment")
 
@@ -61,12 +89,13 @@ def federation(tmp_path_factory):
             ),
             stacklevel=1,
         )
-    topology = plan_topology([*SUPERNODES, STRANGER, NO_CA, SLOW], isolated=permitted, tag=secrets.token_hex(3))
+    hosts = [*SUPERNODES, STRANGER, NO_CA, PLAINTEXT, ROGUE, MISLED, SLOW]
+    topology = plan_topology(hosts, isolated=permitted, tag=secrets.token_hex(3))
     network = VirtualNetwork(topology)
     fed = Federation(topology, tmp_path_factory.mktemp("deployment"))
     try:
         network.create()
-        fed.make_credentials([*SUPERNODES, STRANGER, NO_CA, SLOW])
+        fed.make_credentials(KEYS)
         fed.start_superlink()
         for name in [*SUPERNODES, NO_CA]:
             fed.register(name)
@@ -95,6 +124,21 @@ def activations(fed: Federation, host: str) -> list[str]:
     return re.findall(pattern, fed.processes[0].text())
 
 
+def superexec_tls(process: FlowerProcess) -> list[str]:
+    """How the SuperExec below a SuperLink or SuperNode reaches its Runtime API: its TLS flags."""
+    (superexec,) = process.running("flower-superexec")
+    argv = command_line(superexec)
+    return [arg for arg in argv if arg in {"--insecure", "--root-certificates"}]
+
+
+def same_tensors(a: Path, b: Path) -> bool:
+    """Two saved state_dicts hold the same names, dtypes and values, exactly."""
+    first, second = torch.load(a), torch.load(b)
+    return first.keys() == second.keys() and all(
+        first[k].dtype == second[k].dtype and torch.equal(first[k], second[k]) for k in first
+    )
+
+
 def test_topology_is_planned_on_separate_addresses_or_on_loopback():
     isolated = plan_topology(["a", "b"], isolated=True, tag="x1")
     assert {h.address for h in isolated.hosts.values()} == {"10.231.0.1", "10.231.0.2", "10.231.0.10", "10.231.0.11"}
@@ -114,6 +158,11 @@ def test_federation_is_up_with_tls_and_every_node_authenticated(federation):
     assert f"Uvicorn running on https://{federation.topology.superlink_address}" in superlink
     states = federation.node_states()
     assert [states[federation.node_ids[name]] for name in SUPERNODES] == ["online"] * 3
+    assert superexec_tls(federation.processes[0]) == ["--root-certificates"]  # the ServerApps' SuperExec
+    for name in SUPERNODES:  # each Runtime API serves TLS, and its SuperExec verifies it with the CA
+        node = federation.supernodes[name]
+        assert f"Uvicorn running on https://127.0.0.1:{federation.topology.runtime_ports[name]}" in node.text()
+        assert superexec_tls(node) == ["--root-certificates"]
     answers = {name: activations(federation, name) for name in SUPERNODES}
     if federation.topology.isolated:  # each node reached the SuperLink from its own address
         assert answers == dict.fromkeys(SUPERNODES, ["200"])
@@ -140,6 +189,43 @@ def test_supernode_without_the_ca_is_refused(federation):
     assert "SSL/TLS handshake error detected" in log and "CERTIFICATE_VERIFY_FAILED" in log
     assert len(activations(federation, NO_CA)) == before  # never got past the handshake
     assert federation.node_states()[federation.node_ids[NO_CA]] == "registered"  # never online
+
+
+def test_plaintext_supernode_is_refused(federation):
+    """``--insecure`` speaks plain HTTP to a TLS-only SuperLink: no handshake, no request served, no node."""
+    states = federation.node_states()
+    plaintext = federation.start_supernode(PLAINTEXT, None, partition(0), max_retries=1)
+    assert plaintext.wait_exit(timeout=120) != 0
+    log = plaintext.text()
+    assert "Option `--insecure` was set" in log
+    assert re.search(r"Giving up reconnection after [\d.]+ seconds and 2 tries", log), log
+    assert "Failed to initialize the connection to the SuperLink" in log
+    assert "Server disconnected without sending a response" in log  # the SuperLink hung up at the TLS layer
+    assert "SuperNode ID" not in log and federation.node_states() == states
+    if federation.topology.isolated:  # not one request from its address reached the API
+        assert f"{federation.topology.hosts[PLAINTEXT].address}:" not in federation.processes[0].text()
+
+
+def test_supernode_refuses_a_superlink_certified_for_another_host(federation, tmp_path):
+    """A certificate from the federation's own CA is not enough: it must name the address the node dialled."""
+    certificates = tmp_path / "rogue"
+    certificates.mkdir()
+    for name in ("ca.crt", "ca.key"):  # the script keeps an existing CA and signs with it
+        shutil.copy(federation.certificates / name, certificates / name)
+    make = [DEPLOY / "make-certificates.sh", "-o", certificates, "-n", "elsewhere.example.org", "-L"]
+    subprocess.run(make, check=True, capture_output=True, timeout=60)
+    verify = ["openssl", "verify", "-CAfile", federation.certificates / "ca.crt", certificates / "server.crt"]
+    assert subprocess.run(verify, capture_output=True, check=False).returncode == 0  # a valid certificate of the CA
+
+    rogue = federation.start_rogue_superlink(ROGUE, certificates)
+    misled = federation.start_supernode(MISLED, MISLED, partition(0), superlink=federation.rogue_address(ROGUE))
+    assert misled.wait_exit(timeout=120) != 0
+    log = misled.text()
+    address = federation.topology.hosts[ROGUE].address
+    assert "SSL/TLS handshake error detected" in log and "CERTIFICATE_VERIFY_FAILED" in log
+    assert f"IP address mismatch, certificate is not valid for '{address}'" in log
+    assert "/v1/fleet/" not in rogue.text()  # the node sent it nothing: no key, no request
+    rogue.stop()
 
 
 def test_fedoui_trains_across_the_hosts(federation, output_dir):
@@ -177,11 +263,83 @@ def test_run_completes_when_a_supernode_is_killed_mid_round(federation, output_d
     assert second["sampled"] == [0, 1] and second["left_out"] == {} and second["aggregated"]
     assert re.search(r"round 1: left out node \d+: the node left the federation", run.log)
     assert federation.node_states()[federation.node_ids["supernode-3"]] == "offline"
+    # Two runs, one seed: the survivors trained round 1 exactly as in the reference run.
+    reference = {client["partition"]: client for client in read_metrics(output_dir / "tls")[0]["clients"]}
+    for client in first["clients"]:
+        assert {k: client[k] for k in CLIENT_SIDE} == {k: reference[client["partition"]][k] for k in CLIENT_SIDE}
+
+
+def test_the_killed_supernode_rejoins_with_its_key_and_partition(federation):
+    """Restarted after the crash (same key, same partition), supernode-3 is the same node, online again."""
+    node_id = federation.node_ids["supernode-3"]
+    before = activations(federation, "supernode-3")
+    rejoined = federation.start_supernode("supernode-3", "supernode-3", partition(2))
+    assert int(rejoined.wait_for(r"SuperNode ID: (\d+)", timeout=180).group(1)) == node_id
+    assert federation.node_states()[node_id] == "online"
+    if federation.topology.isolated:
+        assert activations(federation, "supernode-3") == [*before, "200"]
+
+
+def test_run_resumes_after_its_serverapp_is_killed_and_ends_as_the_uninterrupted_run(federation, output_dir):
+    """SIGKILL the ``flwr-serverapp`` process mid-run, resume from the run folder: the reference's result, exactly.
+
+    The ServerApp is the process below the SuperLink (SuperLink -> SuperExec ->
+    ``flwr-serverapp``) that runs the strategy and writes the run folder. It is
+    killed once round 1 is recorded and checkpointed and round 2's training has
+    reached the nodes. The resumed run (same config, plus ``resume-from``) is
+    compared with the reference run ``tls`` (same config and seed, never
+    interrupted): metrics rows without their timings, summary and final model.
+    The rejoined supernode-3 trains in both rounds.
+    """
+    config = {**RUN, "num-server-rounds": 2, "output-dir": str(output_dir), "run-name": "crash"}
+    folder, reference = output_dir / "crash", output_dir / "tls"
+    superlink, witness = federation.processes[0], federation.supernodes["supernode-1"]
+    start = len(witness.text())
+    crashed = federation.submit(config, "crash")
+    poll_until(
+        lambda: (folder / "checkpoint.pt").is_file() and witness.text().count("Receiving: train message", start) >= 2,
+        timeout=400,
+        what="round 1 checkpointed and round 2 sent to the nodes",
+    )
+    serverapps = superlink.running("flwr-serverapp")
+    assert len(serverapps) == 1, [command_line(pid) for pid in serverapps]
+    os.kill(serverapps[0], signal.SIGKILL)
+    poll_until(lambda: not superlink.running("flwr-serverapp"), timeout=30, what="the ServerApp gone")
+    assert [row["round"] for row in read_metrics(folder)] == [1]  # round 2 was never recorded
+    assert Checkpoint.load(folder / "checkpoint.pt").round == 1
+
+    resumed = federation.submit({**config, "resume-from": str(folder)}, "resume")
+    federation.finish(resumed, timeout=480)
+    assert resumed.status == "finished:completed", f"{resumed.status} {resumed.details}\n{resumed.process.tail(40)}"
+    assert f"[fedweigh] resuming {folder} after round 1" in resumed.log
+
+    rows = read_metrics(folder)
+    assert [row["round"] for row in rows] == [1, 2]
+    assert all(sorted(client["partition"] for client in row["clients"]) == [0, 1, 2] for row in rows)
+    assert without_timing(rows) == without_timing(read_metrics(reference))
+    assert same_tensors(folder / "model.pt", reference / "model.pt")
+    resumed_summary, reference_summary = (
+        {k: v for k, v in json.loads((path / "summary.json").read_text()).items() if k not in {"seconds", "run_dir"}}
+        for path in (folder, reference)
+    )
+    assert resumed_summary == reference_summary  # best accuracy too, over rounds of two processes
+    assert federation.supernodes["supernode-3"].text().count("Receiving: train message") >= 2  # the rejoined one
+
+    # The SuperLink gives up on the killed run by itself, once the ServerApp's heartbeats stop.
+    federation.finish(crashed, timeout=180)
+    assert crashed.status == "finished:failed" and "No heartbeat" in crashed.details, crashed.details
+
+
+def test_a_supernode_that_stops_cleanly_is_offline_at_once(federation):
+    """SIGTERM: supernode-3 deactivates itself on the way out, so the SuperLink need not wait for heartbeats."""
+    assert federation.supernodes["supernode-3"].stop(grace=30) == []  # it exited on SIGTERM, nothing needed SIGKILL
+    # Heartbeats come every 30 s and are trusted for 60 s: without the deactivation it would still be online.
+    assert federation.node_states()[federation.node_ids["supernode-3"]] == "offline"
 
 
 def test_rounds_close_at_their_deadline_and_a_slow_node_s_update_joins_a_later_round(federation, output_dir):
     federation.register(SLOW)
-    slow = federation.start_supernode(SLOW, SLOW, {**partition(2), "train-delay": 20})  # where supernode-3 was
+    slow = federation.start_supernode(SLOW, SLOW, {**partition(2), "train-delay": 20})  # supernode-3's partition
     slow.wait_for(r"SuperNode ID: \d+", timeout=180)
     config = {
         **RUN,

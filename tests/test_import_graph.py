@@ -20,7 +20,7 @@ PACKAGE = REPO / "fedweigh"
 
 # Lower layers may not import upper ones (docs/design.md).
 LAYERS: list[set[str]] = [
-    {"fedweigh.settings", "fedweigh.protocol"},
+    {"fedweigh.settings", "fedweigh.protocol", "fedweigh.faults"},
     {"fedweigh.data", "fedweigh.models", "fedweigh.rules", "fedweigh.client", "fedweigh.results", "fedweigh.flops"},
     {"fedweigh.methods", "fedweigh.components", "fedweigh.strategies", "fedweigh.preflight"},
     {"fedweigh.server_app", "fedweigh.client_app", "fedweigh.launch"},

@@ -2,15 +2,21 @@
 
 The runs share one simulation SuperLink and Ray cluster (``shared_simulation``
 in conftest); each is a real Flower run, exactly what ``fedweigh simulate``
-does for a user. One test goes through the ``fedweigh simulate`` command
-itself, with a SuperLink and Ray of its own, as the README's first command
-does. Every strategy and every rule also run end to end in
-``test_end_to_end.py``, in one process.
+does for a user. One run's server process is SIGKILLed in the middle of the
+run and the run resumed; one config is run twice. One test goes through the
+``fedweigh simulate`` command itself, with a SuperLink and Ray of its own, as
+the README's first command does. Every strategy and every rule also run end
+to end in ``test_end_to_end.py``, in one process.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,8 +24,9 @@ import torch
 from conftest import REPO, SHARED_DATASETS
 
 from fedweigh.cli import main
-from fedweigh.launch.processes import free_port
-from fedweigh.results import read_metrics
+from fedweigh.launch.commands import COMPLETED
+from fedweigh.launch.processes import descendants, free_port, process_table
+from fedweigh.results import CHECKPOINT_FILE, MODEL_FILE, SUMMARY_FILE, Checkpoint, read_metrics, without_timing
 from fedweigh.rules.base import complement_share_weights
 
 pytestmark = pytest.mark.xdist_group("simulation")
@@ -51,16 +58,96 @@ def run(simulation, output_dir, name: str, **config):
     return outcome.results_dir
 
 
+def checkpoint_round(folder) -> int:
+    """The round of the run's checkpoint, 0 before the first (a checkpoint is replaced whole, never half-written)."""
+    try:
+        return Checkpoint.load(folder / CHECKPOINT_FILE).round
+    except ValueError:  # not there yet
+        return 0
+
+
+def server_processes(simulation) -> dict[int, str]:
+    """The ``flwr-simulation`` processes below the SuperLink, pid to command line: the runs' ServerApps."""
+    table = process_table()
+    found = {}
+    for pid, _ in descendants(simulation.process.pid, table):
+        try:
+            command = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "flwr-simulation" in command:
+            found[pid] = command
+    return found
+
+
+def run_killed(simulation, output_dir, name: str, after_round: int, **config) -> dict:
+    """A run whose server process is SIGKILLed once round ``after_round``'s checkpoint is on disk.
+
+    Which process is the server: in Flower 1.41 the simulation SuperLink
+    (``flower-superlink --simulation``) starts a SuperExec
+    (``flower-superexec``, one for the SuperLink's life), which starts one
+    ``flwr-simulation`` process per run; that process runs the ServerApp's
+    ``main`` (this app's strategy, evaluation, checkpoints) and drives the
+    run's ClientApps, which are actors of the shared Ray cluster (below its
+    raylet, not below the SuperLink). So ``flwr-simulation`` is the process
+    whose death is a server crash: the SuperLink and the Ray cluster survive
+    it, as a deployment's SuperLink and SuperNodes survive their ServerApp;
+    its actors go with it (Ray ends a dead driver's actors). It is found as
+    the one ``flwr-simulation`` below the SuperLink (runs here go one at a
+    time). The SuperLink would mark the run failed only when the process's
+    heartbeat is overdue (43 s measured); ``flwr stop`` ends it at once.
+
+    The run goes on in a thread; this one polls the checkpoint (whole or
+    absent: it is replaced atomically) and kills as soon as it reaches
+    ``after_round``, so the server dies while later rounds train.
+    """
+    outcome = {}
+
+    def submit() -> None:
+        overrides = {**SMALL, "output-dir": str(output_dir), "run-name": name, **config}
+        outcome["run"] = simulation.run(overrides, num_supernodes=4, echo=False)
+
+    runner = threading.Thread(target=submit, daemon=True)
+    runner.start()
+    folder, deadline = output_dir / name, time.monotonic() + 600
+    while checkpoint_round(folder) < after_round:
+        assert runner.is_alive(), f"run {name} ended before round {after_round}: {outcome}"
+        assert time.monotonic() < deadline, f"run {name}: no checkpoint of round {after_round} after 600 s"
+        runner.join(0.05)  # the polling interval; returns early if the run ends
+    servers = server_processes(simulation)
+    assert len(servers) == 1, f"run {name}: expected one flwr-simulation below the SuperLink, found {servers}"
+    ((server, command),) = servers.items()
+    os.kill(server, signal.SIGKILL)
+    killed_after = checkpoint_round(folder)
+    for run_id in list(simulation.active_runs):
+        simulation.stop_run(run_id)
+    runner.join(180)
+    assert not runner.is_alive(), f"run {name} still going after its server was killed"
+    return {"folder": folder, "outcome": outcome["run"], "killed_after": killed_after, "server": command}
+
+
 @pytest.fixture(scope="session")
 def runs(shared_simulation, output_dir):
-    """FedAvg, 3 rounds; FLood (client steps and a per-round value over the wire), 2; FedAvg stopped, resumed;
-    Feddle with out-of-distribution server data and delayed clients, 4."""
+    """FedAvg, 3 rounds; FLood (client steps and a per-round value over the wire), 2, twice; FedAvg, 3 rounds, its
+    server killed after round 1, then resumed; Feddle with out-of-distribution server data and delayed clients, 4."""
     straight = run(shared_simulation, output_dir, "fedavg", **{"num-server-rounds": 3})
     flood = run(shared_simulation, output_dir, "flood", strategy="flood", **{"flood.halt-round": 1, "flood.a": 2.0})
-    interrupted = run(shared_simulation, output_dir, "interrupted")
-    resumed = run(shared_simulation, output_dir, "resumed", **{"num-server-rounds": 3, "resume-from": str(interrupted)})
+    again = run(
+        shared_simulation, output_dir, "flood-again", strategy="flood", **{"flood.halt-round": 1, "flood.a": 2.0}
+    )
+    killed = run_killed(shared_simulation, output_dir, "killed", after_round=1, **{"num-server-rounds": 3})
+    resumed = run(
+        shared_simulation, output_dir, "resumed", **{"num-server-rounds": 3, "resume-from": str(killed["folder"])}
+    )
     feddle = run(shared_simulation, output_dir, "feddle", **FEDDLE_ASYNC)
-    return {"fedavg": straight, "flood": flood, "interrupted": interrupted, "resumed": resumed, "feddle": feddle}
+    return {
+        "fedavg": straight,
+        "flood": flood,
+        "flood-again": again,
+        "killed": killed,
+        "resumed": resumed,
+        "feddle": feddle,
+    }
 
 
 def test_results_folder_is_complete(runs):
@@ -108,14 +195,33 @@ def test_strategies_see_the_same_clients(runs):
     assert [row["sampled"] for row in fedavg[:2]] == [row["sampled"] for row in flood]
 
 
-def test_resumed_run_ends_where_the_uninterrupted_one_does(runs):
-    straight, resumed = runs["fedavg"], runs["resumed"]
-    assert resumed == runs["interrupted"]  # a resumed run continues in its own folder
+def comparable(folder) -> tuple[str, str]:
+    """``metrics.jsonl`` and ``summary.json`` without wall times (and the summary without its folder)."""
+    summary = without_timing(json.loads((folder / SUMMARY_FILE).read_text()))
+    summary.pop("run_dir")
+    return json.dumps(without_timing(read_metrics(folder))), json.dumps(summary)
+
+
+def test_a_run_killed_and_resumed_ends_exactly_where_the_uninterrupted_one_does(runs):
+    straight, killed, resumed = runs["fedavg"], runs["killed"], runs["resumed"]
+    assert "flwr-simulation" in killed["server"] and killed["outcome"].status != COMPLETED
+    assert 1 <= killed["killed_after"] < 3  # the server died with rounds left to train
+    assert resumed == killed["folder"]  # a resumed run continues in its own folder
+    config = json.loads((resumed / "config.json").read_text())
+    assert config["resumed_from_round"] == killed["killed_after"]
     assert [row["round"] for row in read_metrics(resumed)] == [1, 2, 3]
-    assert read_metrics(resumed)[-1]["accuracy"] == read_metrics(straight)[-1]["accuracy"]
-    final_straight, final_resumed = torch.load(straight / "model.pt"), torch.load(resumed / "model.pt")
+    assert comparable(resumed) == comparable(straight)
+    final_straight, final_resumed = torch.load(straight / MODEL_FILE), torch.load(resumed / MODEL_FILE)
+    assert final_straight.keys() == final_resumed.keys()
     for name, tensor in final_straight.items():
         assert torch.equal(tensor, final_resumed[name]), name
+
+
+def test_a_config_run_twice_gives_the_same_files(runs):
+    """Two real simulations of FLood (seeded client sampling, ASW's batch weights, the OOD scores) on CPU."""
+    first, second = runs["flood"], runs["flood-again"]
+    assert comparable(second) == comparable(first)
+    assert (second / MODEL_FILE).read_bytes() == (first / MODEL_FILE).read_bytes()
 
 
 @pytest.mark.xdist_group("cli")  # a SuperLink and Ray of its own: it can run beside the shared simulation

@@ -2,8 +2,11 @@
 
 Used by ``tests/test_deployment.py``. Every Flower component runs as its own
 process, exactly as on separate machines: a SuperLink (with TLS and SuperNode
-authentication), SuperNodes that each hold one partition, and an operator
-host from which ``flwr`` registers nodes and submits runs.
+authentication), SuperNodes that each hold one partition (their Runtime API,
+between a SuperNode and its ClientApps, on TLS too), and an operator host
+from which ``flwr`` registers nodes and submits runs. Misconfigured parties
+can be started as well: a plaintext SuperNode, a SuperNode that does not
+trust the CA, a rogue SuperLink with a certificate for another host.
 
 Hosts
     With root and ``ip netns``, each host is a network namespace with one
@@ -17,7 +20,14 @@ Processes
     Started with ``ip netns exec <host> ...`` (which execs, so the pid is the
     Flower process itself), each in its own session, logged to a file, and
     stopped by pid together with everything it started
-    (:class:`fedweigh.launch.ProcessTree`).
+    (:class:`fedweigh.launch.ProcessTree`). A process below one of them (the
+    ``flwr-serverapp`` a SuperLink's SuperExec starts for a run) is found by
+    its command line (:meth:`FlowerProcess.running`).
+
+Waiting
+    Nothing here sleeps to let something happen: every wait polls a log, a
+    file or the CLI until a condition holds or a timeout expires
+    (:func:`poll_until`).
 """
 
 from __future__ import annotations
@@ -30,12 +40,13 @@ import secrets
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from fedweigh.launch.commands import parse_run_id, parse_run_status, simulation_env
-from fedweigh.launch.processes import ProcessTree, free_port
+from fedweigh.launch.processes import ProcessTree, descendants, free_port
 from fedweigh.launch.runconfig import build_run_config_arg
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,6 +56,25 @@ SUPERLINK_PORT = 9093  # inside its own namespace; any free port on loopback
 SUPERNODE_RUNTIME_PORT = 9094  # Flower's default; one per node on loopback
 CONNECTION = "federation"
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+T = TypeVar("T")
+
+
+def poll_until(condition: Callable[[], T], timeout: float, what: str, every: float = 0.2) -> T:
+    """Call ``condition`` until it returns something truthy (returned), or raise after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not (result := condition()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not after {timeout:.0f}s")
+        time.sleep(every)
+    return result
+
+
+def command_line(pid: int) -> list[str]:
+    """The argv of process ``pid`` (empty if it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
 
 
 # --------------------------------------------------------------------------------------
@@ -219,6 +249,16 @@ class FlowerProcess:
         except subprocess.TimeoutExpired as err:
             raise TimeoutError(f"{self.name} still running after {timeout:.0f}s:\n{self.tail()}") from err
 
+    def running(self, program: str) -> list[int]:
+        """Live processes below this one that run ``program`` (e.g. ``flwr-serverapp``), by pid.
+
+        A console script runs as ``python /path/bin/<program> ...``: the program is
+        the first or second word of its command line.
+        """
+        table = self.tree.refresh()
+        below = ProcessTree._living(descendants(self.popen.pid, table), table)
+        return sorted(pid for pid, _ in below if program in [Path(arg).name for arg in command_line(pid)[:2]])
+
     def crash(self) -> list[int]:
         """SIGKILL the process and all it started, as a power cut would; returns the pids."""
         table = self.tree.refresh()
@@ -229,9 +269,9 @@ class FlowerProcess:
         self.popen.wait(timeout=10)
         return [pid for pid, _ in victims]
 
-    def stop(self) -> list[int]:
-        """SIGTERM, then SIGKILL what is left; returns the pids that needed SIGKILL."""
-        killed = self.tree.terminate(grace=5.0, settle=3.0)
+    def stop(self, grace: float = 5.0) -> list[int]:
+        """SIGTERM, then SIGKILL what is left after ``grace`` s; returns the pids that needed SIGKILL."""
+        killed = self.tree.terminate(grace=grace, settle=3.0)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=5)
         return killed
@@ -287,10 +327,13 @@ class Federation:
     # -- credentials -------------------------------------------------------------------
 
     def make_credentials(self, key_names: Sequence[str]) -> None:
-        """CA and SuperLink certificate (SANs: ``superlink`` and its address) and node keys."""
+        """CA, SuperLink certificate (SANs: ``superlink`` and its address), and per name in
+        ``key_names`` a node key pair and a Runtime API certificate (``<name>.crt``)."""
         superlink = self.topology.hosts["superlink"]
+        runtime = [arg for name in key_names for arg in ("-s", name)]
         subprocess.run(
-            [DEPLOY / "make-certificates.sh", "-o", self.certificates, "-n", "superlink", "-i", superlink.address],
+            [DEPLOY / "make-certificates.sh", "-o", self.certificates, "-n", "superlink", "-i", superlink.address]
+            + runtime,
             check=True,
             capture_output=True,
             timeout=60,
@@ -305,8 +348,13 @@ class Federation:
     # -- processes ---------------------------------------------------------------------
 
     def start(self, name: str, host: str, argv: Sequence[str]) -> FlowerProcess:
-        log = self.workdir / "logs" / f"{name}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
+        """Start ``argv`` on ``host``, logged to ``logs/<name>.log`` (``<name>.2.log`` on a restart, ...)."""
+        logs = self.workdir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log, restarts = logs / f"{name}.log", 1
+        while log.exists():
+            restarts += 1
+            log = logs / f"{name}.{restarts}.log"
         with log.open("ab") as out:
             popen = subprocess.Popen(
                 self.topology.hosts[host].wrap(argv),
@@ -321,29 +369,48 @@ class Federation:
         return process
 
     def start_superlink(self) -> FlowerProcess:
-        certificates = self.certificates
+        """The federation's SuperLink: TLS, SuperNode authentication, ServerApps run by its own SuperExec."""
         superlink = self.start(
             "superlink",
             "superlink",
-            [
-                "flower-superlink",
-                "--ssl-ca-certfile",
-                certificates / "ca.crt",
-                "--ssl-certfile",
-                certificates / "server.crt",
-                "--ssl-keyfile",
-                certificates / "server.key",
-                "--enable-supernode-auth",
-                "--disable-runtime-dependency-installation",
-                "--host",
-                self.topology.hosts["superlink"].address,
-                "--port",
-                self.topology.superlink_port,
-            ],
+            self._superlink_argv(self.certificates, "superlink", self.topology.superlink_port)
+            + ["--disable-runtime-dependency-installation"],
         )
         superlink.wait_for(r"Uvicorn running on https://", timeout=90)
         self._write_connection()
         return superlink
+
+    def start_rogue_superlink(self, host: str, certificates: Path) -> FlowerProcess:
+        """A second SuperLink on ``host`` serving ``certificates/server.crt``, at ``rogue_address(host)``.
+
+        It runs no ServerApps (``--isolation process`` and no SuperExec): it only
+        has to answer TLS handshakes, e.g. with a certificate issued for another host.
+        """
+        port = self.topology.runtime_ports[host]  # the port planned for this host's own listener
+        rogue = self.start(
+            f"rogue-superlink-{host}", host, [*self._superlink_argv(certificates, host, port), "--isolation", "process"]
+        )
+        rogue.wait_for(r"Uvicorn running on https://", timeout=90)
+        return rogue
+
+    def rogue_address(self, host: str) -> str:
+        return f"{self.topology.hosts[host].address}:{self.topology.runtime_ports[host]}"
+
+    def _superlink_argv(self, certificates: Path, host: str, port: int) -> list[str | Path | int]:
+        return [
+            "flower-superlink",
+            "--ssl-ca-certfile",
+            certificates / "ca.crt",
+            "--ssl-certfile",
+            certificates / "server.crt",
+            "--ssl-keyfile",
+            certificates / "server.key",
+            "--enable-supernode-auth",
+            "--host",
+            self.topology.hosts[host].address,
+            "--port",
+            port,
+        ]
 
     def _write_connection(self) -> None:
         """The operator's ``config.toml``: the SuperLink, trusted through the CA."""
@@ -383,18 +450,37 @@ class Federation:
     def start_supernode(
         self,
         host: str,
-        key_name: str,
+        key_name: str | None,
         node_config: Mapping[str, int | str],
         *,
         trust_ca: bool = True,
+        superlink: str | None = None,
+        max_retries: int | None = None,
     ) -> FlowerProcess:
-        """A SuperNode on ``host`` with its private key; ``trust_ca=False`` leaves out the CA."""
-        argv = ["flower-supernode", "--superlink", self.topology.superlink_address]
-        if trust_ca:
-            argv += ["--root-certificates", self.certificates / "ca.crt"]
+        """A SuperNode on ``host``, by default the way every site runs one.
+
+        That is: TLS to the SuperLink, verified with the federation's CA; its
+        private key ``key_name``; its Runtime API (to its SuperExec and
+        ClientApps, on 127.0.0.1) on TLS with the certificate made for
+        ``host``. Variants: ``trust_ca=False`` leaves out the CA (the system's
+        CAs verify); ``key_name=None`` starts it in plaintext (``--insecure``,
+        no key: Flower refuses a key without TLS, and no Runtime API TLS);
+        ``superlink`` points it at another address; ``max_retries`` makes it
+        give up connecting after that many retries instead of trying forever.
+        """
+        argv: list[str | Path | int] = ["flower-supernode", "--superlink", superlink or self.topology.superlink_address]
+        if key_name is None:
+            argv += ["--insecure"]
+        else:
+            if trust_ca:
+                argv += ["--root-certificates", self.certificates / "ca.crt"]
+            argv += ["--auth-supernode-private-key", self.keys / key_name]
+            runtime = self.certificates / host  # the Runtime API's certificate, key and CA
+            argv += ["--ssl-certfile", f"{runtime}.crt", "--ssl-keyfile", f"{runtime}.key"]
+            argv += ["--ssl-ca-certfile", self.certificates / "ca.crt"]
+        if max_retries is not None:
+            argv += ["--max-retries", max_retries]
         argv += [
-            "--auth-supernode-private-key",
-            self.keys / key_name,
             "--node-config",
             " ".join(f"{key}={value}" for key, value in node_config.items()),
             "--isolation",

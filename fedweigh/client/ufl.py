@@ -47,7 +47,7 @@ from torch import nn
 
 from fedweigh.client.mc_dropout import ensure_mc_dropout, mc_mean_probabilities
 from fedweigh.client.steps import ClientStep, Metrics, StepContext
-from fedweigh.protocol import STEPS, UNCERTAINTY, UNCERTAINTY_MEAN, table_from_config
+from fedweigh.protocol import MC_SECONDS, STEPS, UNCERTAINTY, UNCERTAINTY_MEAN, table_from_config
 from fedweigh.settings import UFLSettings
 
 logger = logging.getLogger("flwr.fedweigh")
@@ -212,7 +212,7 @@ class UFLStep(ClientStep):
         selected = select_uncertain(u, options.ratio)
         weights = loss_weights(u, selected, options.alpha)
         metrics = uncertainty_summary(u, selected, weights)
-        metrics["mc-seconds"] = time.perf_counter() - started
+        metrics[MC_SECONDS] = time.perf_counter() - started
         return UncertaintyWeighting(weights.to(context.device), normalize=options.normalize), metrics
 
 

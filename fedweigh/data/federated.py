@@ -33,8 +33,10 @@ torch.Size([360, 1, 8, 8])
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,7 +46,15 @@ import torch
 
 from fedweigh.data.partition_edits import PartitionEdits, edit_partitions
 from fedweigh.data.partitioning import PARTITIONERS, build_partitioner
-from fedweigh.data.sources import DatasetInfo, describe, load_digits, resolve_source, validate_dataset_setting
+from fedweigh.data.sources import (
+    DatasetInfo,
+    describe,
+    load_digits,
+    resolve_source,
+    split_columns,
+    split_location,
+    validate_dataset_setting,
+)
 from fedweigh.data.tensors import ImageTensors, decode_images, decode_labels, to_image_tensors
 
 if TYPE_CHECKING:
@@ -147,7 +157,10 @@ class SubsetSplits:
                 raise ValueError(f"the dataset has no {name!r} split (splits: {list(splits)})")
             available = splits[name].num_rows
             if size > available:
-                raise ValueError(f"{name}_subset = {size} exceeds the {available} images of the {name} split")
+                raise ValueError(
+                    f"{name}-subset = {size} exceeds the {available} images of the {name} split; "
+                    f"accepted: 0 (all) to {available}"
+                )
             rows = np.random.default_rng([self.seed, stream]).choice(available, size=size, replace=False)
             kept[name] = splits[name].select(rows)
         return datasets.DatasetDict(kept)
@@ -201,6 +214,8 @@ def _federation(spec: DataSpec) -> _Federation:
         return _Federation(partitioner, splits["test"])
     from flwr_datasets import FederatedDataset  # lazily, like the partitioners (see build_partitioner)
 
+    if source.kind == "local":
+        split_columns(source)  # a file that cannot be read: named, before the datasets library fails on it
     federated = FederatedDataset(
         **source.loader_arguments(),
         partitioners={"train": partitioner},
@@ -208,12 +223,32 @@ def _federation(spec: DataSpec) -> _Federation:
         shuffle=True,
         seed=spec.seed,
     )
-    bound = federated.partitioners["train"]
+    with _naming(f"the parquet files in {source.location}" if source.kind == "local" else repr(source.location)):
+        bound = federated.partitioners["train"]
     try:
         test = federated.load_split("test")
     except ValueError as err:
         raise ValueError(f"dataset {spec.dataset!r} needs a 'test' split: {err}") from None
     return _Federation(bound, test)
+
+
+@contextlib.contextmanager
+def _naming(where: str) -> Iterator[None]:
+    """Errors of loading or decoding data as one ValueError that starts with ``where`` (a file, a dataset).
+
+    The datasets library raises errors of many kinds (DatasetGenerationError,
+    ConnectionError, ...), Pillow OSError, torchvision RuntimeError.
+    """
+    try:
+        yield
+    except Exception as err:
+        library = type(err).__module__.startswith(("datasets", "huggingface_hub", "pyarrow", "PIL"))
+        if not (library or isinstance(err, ValueError | OSError | RuntimeError)):
+            raise
+        if str(err).startswith(where):  # named already
+            raise
+        kind = "" if isinstance(err, ValueError) else f"{type(err).__name__}: "
+        raise ValueError(f"{where}: {kind}{err}") from None
 
 
 def _check_partition_id(spec: DataSpec, partition_id: int) -> int:
@@ -244,12 +279,14 @@ def load_partition(spec: DataSpec, partition_id: int) -> ImageTensors:
 @functools.cache
 def _load_partition(spec: DataSpec, partition_id: int) -> ImageTensors:
     info = _dataset_info(spec.dataset)
-    if spec.edits_partitions:
-        return _edited_partition(spec, partition_id)
-    rows = _federation(spec).partitioner.load_partition(partition_id)
-    return to_image_tensors(
-        rows, info.image_column, info.label_column, channels=info.in_channels, image_size=info.image_size
-    )
+    partitioner = _federation(spec).partitioner
+    with _naming(split_location(resolve_source(spec.dataset), "train")):
+        if spec.edits_partitions:
+            return _edited_partition(spec, partition_id)
+        rows = partitioner.load_partition(partition_id)
+        return to_image_tensors(
+            rows, info.image_column, info.label_column, channels=info.in_channels, image_size=info.image_size
+        )
 
 
 def load_test_split(spec: DataSpec) -> ImageTensors:
@@ -261,13 +298,11 @@ def load_test_split(spec: DataSpec) -> ImageTensors:
 @functools.cache
 def _load_test_split(spec: DataSpec) -> ImageTensors:
     info = _dataset_info(spec.dataset)
-    return to_image_tensors(
-        _federation(spec).test,
-        info.image_column,
-        info.label_column,
-        channels=info.in_channels,
-        image_size=info.image_size,
-    )
+    test = _federation(spec).test
+    with _naming(split_location(resolve_source(spec.dataset), "test")):
+        return to_image_tensors(
+            test, info.image_column, info.label_column, channels=info.in_channels, image_size=info.image_size
+        )
 
 
 def partition_sizes(spec: DataSpec) -> list[int]:

@@ -40,8 +40,8 @@ import torch.nn.functional as F
 
 from fedweigh.data.sources import (
     DatasetInfo,
-    detect_image_column,
-    detect_label_column,
+    EmptySplitError,
+    image_and_label_columns,
     load_train_split,
     resolve_source,
 )
@@ -149,24 +149,20 @@ def load_other_dataset(
     prefix = f"server-data = {location!r}"
     try:
         train = load_train_split(source)
-    except ValueError as err:  # datasets refuses an empty split ("... corresponds to no data")
-        if "no data" not in str(err):
-            raise ValueError(f"{prefix}: its train split cannot be read ({err})") from None
+    except EmptySplitError:
         train = None
+    except ValueError as err:
+        raise ValueError(f"{prefix}: its train split cannot be read ({err})") from None
     if train is None or train.num_rows == 0:
         raise ValueError(f"{prefix}: its train split is empty; accepted: a dataset with labelled images")
-    try:
-        image_column = detect_image_column(train.features)
-        label_column = detect_label_column(train.features)
-    except ValueError as err:
-        raise ValueError(f"{prefix}: {err}; accepted: a dataset with an image and a label column") from None
+    image_column, label_column = image_and_label_columns(train.features, prefix)
     if size and size < train.num_rows:
         rows = np.sort(np.random.default_rng([seed, HOLD_OUT_STREAM]).choice(train.num_rows, size, replace=False))
         train = train.select(rows)
     try:
         images = decode_images(train, image_column)
         images = match_shape(images, channels, image_size)
-    except ValueError as err:
+    except (ValueError, OSError, RuntimeError) as err:  # an image Pillow (OSError) or torchvision cannot read
         raise ValueError(f"{prefix}: {err}") from None
     labels = decode_labels(train, label_column)
     mean, std = pixel_statistics(images)

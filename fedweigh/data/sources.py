@@ -38,13 +38,19 @@ DataSource(kind='hub', location='ylecun/mnist')
 
 from __future__ import annotations
 
+import functools
+import io
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import datasets
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
 
 from fedweigh.data.tensors import ImageTensors, decode_images, to_image_tensors
 
@@ -86,6 +92,17 @@ _KNOWN_STATS: dict[str, _KnownStats] = {
     "mnist": _KnownStats(1, 28, (0.1307,), (0.3081,)),
     "fashion_mnist": _KnownStats(1, 28, (0.2860,), (0.3530,)),
 }
+
+
+FILES_ACCEPTED = (
+    "accepted: parquet files written by the datasets library (Dataset.to_parquet), "
+    "with an image column and an integer label column"
+)
+"""What the split files of a local dataset folder must be."""
+
+
+class EmptySplitError(ValueError):
+    """A split without a single image."""
 
 
 def _invalid(value: str, reason: str) -> ValueError:
@@ -258,13 +275,111 @@ def load_digits() -> datasets.DatasetDict:
     return datasets.DatasetDict({"train": split(train_idx), "test": split(test_idx)})
 
 
-def load_train_split(source: DataSource) -> datasets.Dataset:
-    """The full, unshuffled train split of a source (downloads a Hub dataset once)."""
+def _reason(err: BaseException) -> str:
+    """``"Type: first line of the message"``, for a message that quotes a library's error."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
+def split_file_features(path: str) -> tuple[datasets.Features, int]:
+    """The features and the number of rows of one split file, read from its parquet footer alone.
+
+    Raises
+    ------
+    ValueError
+        Naming the file, when it is empty, truncated, corrupt or no parquet file at all.
+    """
+    try:
+        features = datasets.Features.from_arrow_schema(pq.read_schema(path))
+        rows = pq.read_metadata(path).num_rows
+    except (OSError, pa.ArrowException, ValueError, TypeError, KeyError) as err:
+        raise ValueError(
+            f"{path} cannot be read as a parquet file ({_reason(err)}): it is truncated, corrupt or not parquet; "
+            f"{FILES_ACCEPTED}"
+        ) from None
+    return features, rows
+
+
+def _is_integer_label(feature: Any) -> bool:
+    return isinstance(feature, datasets.ClassLabel) or (
+        isinstance(feature, datasets.Value) and feature.dtype.startswith(("int", "uint"))
+    )
+
+
+def split_columns(source: DataSource) -> dict[str, tuple[str, str]]:
+    """Check a local folder's split files from their footers: readable, an image and an integer label column each.
+
+    Returns each split's ``(image column, label column)``; cheap (no image is
+    read), so every process that loads the folder runs it.
+
+    Raises
+    ------
+    ValueError
+        Naming the file and what is wrong with it; :class:`EmptySplitError`
+        when the train split holds no rows.
+    """
+    files = source.split_files()
+    columns: dict[str, tuple[str, str]] = {}
+    rows: dict[str, int] = {}
+    for split, path in files.items():
+        features, rows[split] = split_file_features(path)
+        try:
+            image, label = detect_image_column(features), detect_label_column(features)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}; {FILES_ACCEPTED}") from None
+        if not _is_integer_label(features[label]):
+            raise ValueError(f"{path}: the label column {label!r} holds {features[label]}; {FILES_ACCEPTED}")
+        columns[split] = (image, label)
+    if columns["test"] != columns["train"]:
+        raise ValueError(
+            f"{files['test']} has image and label columns {columns['test']}, but {files['train']} has "
+            f"{columns['train']}; accepted: the same columns in both splits"
+        )
+    if rows["train"] == 0:
+        raise EmptySplitError(f"{files['train']} holds no images; {FILES_ACCEPTED}")
+    return columns
+
+
+def _loaded(source: DataSource, load: Callable[[], datasets.Dataset]) -> datasets.Dataset:
+    """``load()``, its failures (the datasets library raises many kinds) as one ValueError naming the source."""
+    try:
+        return load()
+    except EmptySplitError:
+        raise
+    except Exception as err:  # DatasetGenerationError, ConnectionError, FileNotFoundError, ArrowInvalid, ...
+        if isinstance(err, ValueError) and "corresponds to no data" in str(err):
+            raise EmptySplitError(f"{source.location!r} has an empty split ({_reason(err)})") from None
+        if source.kind == "local":  # find the file to blame, reading all of them (only now that loading failed)
+            check_local_dataset(source.location)
+        if source.kind == "hub":
+            raise ValueError(
+                f"{source.location!r} cannot be loaded from the Hugging Face Hub or its cache ({_reason(err)}); "
+                f"{_ACCEPTED} that is reachable, or already in the cache when offline (HF_DATASETS_OFFLINE=1)"
+            ) from None
+        raise ValueError(
+            f"the parquet files in {source.location} cannot be loaded ({_reason(err)}); {FILES_ACCEPTED}"
+        ) from None
+
+
+def load_split(source: DataSource, split: str) -> datasets.Dataset:
+    """The full, unshuffled ``split`` of a source (downloads a Hub dataset once).
+
+    Raises
+    ------
+    ValueError
+        Naming the file or the Hub id that cannot be loaded (see :func:`split_columns`).
+    """
     if source.kind == "digits":
-        return load_digits()["train"]
+        return load_digits()[split]
     if source.kind == "local":
-        return datasets.load_dataset("parquet", data_files=source.split_files(), split="train")
-    return datasets.load_dataset(source.location, split="train")
+        split_columns(source)
+        return _loaded(source, lambda: datasets.load_dataset("parquet", data_files=source.split_files(), split=split))
+    return _loaded(source, lambda: datasets.load_dataset(source.location, split=split))
+
+
+def load_train_split(source: DataSource) -> datasets.Dataset:
+    """The full, unshuffled train split of a source (downloads a Hub dataset once); see :func:`load_split`."""
+    return load_split(source, "train")
 
 
 def detect_image_column(features: datasets.Features) -> str:
@@ -301,6 +416,14 @@ def detect_label_column(features: datasets.Features) -> str:
         if name in features:
             return name
     raise ValueError(f"no label column among {list(features)} (no ClassLabel, no 'label' or 'fine_label')")
+
+
+def image_and_label_columns(features: datasets.Features, where: str) -> tuple[str, str]:
+    """The image and label columns of a split at ``where``; a clear error naming ``where`` if either is missing."""
+    try:
+        return detect_image_column(features), detect_label_column(features)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}; accepted: a dataset with an image and an integer label column") from None
 
 
 @dataclass(frozen=True)
@@ -345,12 +468,28 @@ def augment_kind(in_channels: int, image_size: int) -> AugmentKind:
     return "crop-flip" if in_channels == 3 and image_size == 32 else "none"
 
 
-def _num_classes(train: datasets.Dataset, label_column: str) -> int:
+LABELS_ACCEPTED = "accepted: integer labels 0..K-1 (a ClassLabel column, or integers named 'label' or 'fine_label')"
+
+
+def _num_classes(train: datasets.Dataset, label_column: str, where: str) -> int:
     feature = train.features[label_column]
     if isinstance(feature, datasets.ClassLabel):
         return int(feature.num_classes)
     labels = np.asarray(train.select_columns([label_column]).with_format("numpy")[:][label_column])
+    if not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0:
+        low = labels.min() if np.issubdtype(labels.dtype, np.number) else "?"
+        raise ValueError(
+            f"{where}: the label column {label_column!r} holds {labels.dtype} values, the lowest {low}; "
+            f"{LABELS_ACCEPTED}"
+        )
     return int(labels.max()) + 1
+
+
+def split_location(source: DataSource, split: str = "train") -> str:
+    """Where a split comes from, for messages: its parquet file, or the dataset and split."""
+    if source.kind == "local":
+        return source.split_files()[split]
+    return f"dataset {source.location!r} ({split} split)"
 
 
 def channel_stats(
@@ -398,23 +537,35 @@ def describe(source: DataSource, train: datasets.Dataset | None = None) -> Datas
     >>> info.num_classes, info.in_channels, info.image_size, info.augment
     (10, 1, 8, 'none')
     """
+    with torch.device("cpu"):  # also under the preflight check's meta device: the data is real
+        return _describe(source, train)
+
+
+def _describe(source: DataSource, train: datasets.Dataset | None) -> DatasetInfo:
     if train is None:
         train = load_train_split(source)
+    where = split_location(source)
     if train.num_rows == 0:
-        raise ValueError(f"dataset {source.location!r} has an empty train split")
-    image_column = detect_image_column(train.features)
-    label_column = detect_label_column(train.features)
-    first: ImageTensors = to_image_tensors(train.select([0]), image_column, label_column)
+        raise EmptySplitError(f"{where} holds no images; accepted: a dataset with labelled images")
+    image_column, label_column = image_and_label_columns(train.features, where)
+    try:
+        first: ImageTensors = to_image_tensors(train.select([0]), image_column, label_column)
+    except (ValueError, OSError, RuntimeError) as err:  # Pillow: OSError; torchvision: RuntimeError
+        raise ValueError(f"{where}: its first image cannot be decoded ({_reason(err)}); {FILES_ACCEPTED}") from None
     _, channels, height, width = first.images.shape
     if height != width:
-        raise ValueError(f"dataset {source.location!r} has non-square {height}x{width} images")
+        raise ValueError(f"{where}: its images are {height}x{width}, not square; accepted: square images")
     known = _KNOWN_STATS.get(source.name)
     if known is not None and (known.channels, known.image_size) == (channels, height):
         mean, std = known.mean, known.std
     else:
-        mean, std = channel_stats(train, image_column, channels=channels, image_size=height)
+        try:
+            mean, std = channel_stats(train, image_column, channels=channels, image_size=height)
+        except (ValueError, OSError, RuntimeError) as err:
+            reason = _reason(err).removeprefix("ValueError: ")
+            raise ValueError(f"{where}: {reason}" + ("" if "accepted" in reason else f"; {FILES_ACCEPTED}")) from None
     return DatasetInfo(
-        num_classes=_num_classes(train, label_column),
+        num_classes=_num_classes(train, label_column, where),
         in_channels=channels,
         image_size=height,
         mean=mean,
@@ -423,3 +574,96 @@ def describe(source: DataSource, train: datasets.Dataset | None = None) -> Datas
         image_column=image_column,
         label_column=label_column,
     )
+
+
+def _image_size(payload: Any, path: str, row: int) -> tuple[int, int]:
+    """Width and height of one encoded image, from its header (Pillow reads no pixels for this)."""
+    from PIL import Image
+
+    content, file = (payload or {}).get("bytes"), (payload or {}).get("path")
+    try:
+        with Image.open(io.BytesIO(content) if content is not None else file) as image:
+            return image.size
+    except (OSError, ValueError, TypeError, AttributeError) as err:  # TypeError, AttributeError: neither bytes nor path
+        raise ValueError(
+            f"{path}: row {row} holds no image Pillow can read ({_reason(err)}); {FILES_ACCEPTED}"
+        ) from None
+
+
+def _check_split_content(path: str, image: str, label: str) -> tuple[int, tuple[int, ...] | None]:
+    """Labels and image sizes of one split file; returns ``(largest label + 1, image size or None)``."""
+    try:
+        table = pq.read_table(path, columns=[image, label])
+    except (OSError, pa.ArrowException) as err:
+        raise ValueError(f"{path} cannot be read ({_reason(err)}): it is corrupt; {FILES_ACCEPTED}") from None
+    if table.num_rows == 0:
+        raise EmptySplitError(f"{path} holds no images; {FILES_ACCEPTED}")
+    labels = table.column(label)
+    if labels.null_count:
+        raise ValueError(f"{path}: {labels.null_count} rows have no label; {LABELS_ACCEPTED}")
+    values = labels.to_numpy()
+    if values.min() < 0:
+        raise ValueError(f"{path}: the label column {label!r} holds {values.min()}; {LABELS_ACCEPTED}")
+    feature = datasets.Features.from_arrow_schema(table.schema)[image]
+    if not isinstance(feature, datasets.Image):
+        return int(values.max()) + 1, None  # arrays: the decoder checks their shapes
+    first: tuple[int, int] | None = None
+    for row, payload in enumerate(table.column(image).to_pylist()):
+        size = _image_size(payload, path, row)
+        if first is None:
+            first = size
+        elif size != first:
+            raise ValueError(
+                f"{path}: images of different sizes: row 0 is {_size(first)}, row {row} is "
+                f"{_size(size)}; accepted: images of one size in both splits (resize them beforehand)"
+            )
+    return int(values.max()) + 1, first
+
+
+def check_local_dataset(value: str) -> None:
+    """Read all of a local dataset folder: every file, label and image header; nothing for other sources.
+
+    The footers (:func:`split_columns`) say little about the data: this reads
+    the label and image columns of both splits and checks that the labels are
+    integers >= 0 (the test split's among the train split's classes) and
+    that every image can be opened and all have one size. About a second per
+    60,000 images (headers only); cached per process while the files are
+    unchanged. The preflight check runs it, so a bad file stops a run before
+    anything trains.
+
+    Raises
+    ------
+    ValueError
+        Naming the file, the row and what is accepted.
+    """
+    source = resolve_source(value)
+    if source.kind != "local":
+        return
+    stamps = tuple((os.stat(path).st_mtime_ns, os.stat(path).st_size) for path in source.split_files().values())
+    _check_local_files(source.location, stamps)
+
+
+@functools.cache
+def _check_local_files(location: str, stamps: tuple[tuple[int, int], ...]) -> None:
+    source = DataSource("local", location)
+    files = source.split_files()
+    columns = split_columns(source)
+    train_classes, train_size = _check_split_content(files["train"], *columns["train"])
+    test_classes, test_size = _check_split_content(files["test"], *columns["test"])
+    if None not in (train_size, test_size) and test_size != train_size:
+        raise ValueError(
+            f"{files['test']} holds images of {_size(test_size)}, {files['train']} of {_size(train_size)}; "
+            "accepted: images of one size in both splits"
+        )
+    label = datasets.Features.from_arrow_schema(pq.read_schema(files["train"]))[columns["train"][1]]
+    classes = int(label.num_classes) if isinstance(label, datasets.ClassLabel) else train_classes
+    for split, found in (("train", train_classes), ("test", test_classes)):
+        if found > classes:
+            raise ValueError(
+                f"{files[split]}: label {found - 1} is not among the {classes} classes of {files['train']}; "
+                f"{LABELS_ACCEPTED}"
+            )
+
+
+def _size(size: tuple[int, ...] | None) -> str:
+    return "x".join(map(str, size or ()))

@@ -201,8 +201,8 @@ def _decode_encoded(
             image = _decode_one(payload, mode)
             if image.shape != out.shape[1:]:
                 raise ValueError(
-                    f"image {position} of column {column!r} has shape {tuple(image.shape)}, "
-                    f"expected {tuple(out.shape[1:])} like the first one"
+                    f"image {position} of column {column!r} is {image.shape[1]}x{image.shape[2]}, but image 0 is "
+                    f"{out.shape[2]}x{out.shape[3]}; accepted: images of one size (resize them beforehand)"
                 )
             out[position] = image
             position += 1
@@ -216,7 +216,7 @@ def _decode_arrays(
     values = dataset.select_columns([column]).with_format("numpy")[:][column]
     array = np.asarray(values)
     if array.dtype == object:
-        raise ValueError(f"the arrays in column {column!r} differ in shape")
+        raise ValueError(f"the arrays in column {column!r} differ in shape; accepted: images of one size")
     if array.ndim == 3:  # [N, H, W]: grayscale
         array = array[:, None]
     elif array.ndim == 4:  # [N, H, W, C]: channels last, as decoded images are
@@ -234,7 +234,9 @@ def _decode_arrays(
 
 def _check_size(height: int, width: int, image_size: int | None) -> None:
     if image_size is not None and (height, width) != (image_size, image_size):
-        raise ValueError(f"images are {height}x{width}, expected {image_size}x{image_size}")
+        raise ValueError(
+            f"images are {height}x{width}, expected {image_size}x{image_size}; accepted: the train split's image size"
+        )
 
 
 def decode_images(

@@ -43,6 +43,7 @@ Example
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
 from collections.abc import Mapping
@@ -81,6 +82,7 @@ RESERVED_KEYS = ("strategy", "seed", "output-dir", "run-name", "resume-from", "n
 """Run-config keys the runner sets itself; an experiment file may not set them in ``[base]`` or ``overrides``."""
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 _PLUS_MINUS = re.compile(r"^\s*([-+0-9.eE]+)\s*(?:±|\+-|\+/-)\s*([-+0-9.eE]+)\s*$")
 
 
@@ -126,7 +128,10 @@ def parse_reported(value: Any) -> Reported:
         raise ValueError(f"cannot read {value!r}; {accepted}")
     if isinstance(value, Mapping) and set(value) <= {"mean", "std"} and "mean" in value:
         std = value.get("std")
-        return Reported(float(value["mean"]), None if std is None else float(std))
+        try:
+            return Reported(parse_reported(value["mean"]).mean, None if std is None else parse_reported(std).mean)
+        except ValueError:
+            pass
     raise ValueError(f"cannot read {value!r}; {accepted}")
 
 
@@ -255,15 +260,23 @@ class Experiment:
 
 def _describe_location(location: tuple[Any, ...], raw: Mapping[str, Any]) -> str:
     """``arms.1.strategy`` -> ``arm 'fedoui': strategy`` where the arm has a name."""
-    parts = [str(part) for part in location if part != "[key]"]
+    # a key that is not a plain name (a newline, a space, nothing) is quoted, so that the message stays one line
+    parts = [part if _KEY.match(part) else repr(part) for part in (str(p) for p in location if p != "[key]")]
     if len(parts) >= 2 and parts[0] == "arms" and parts[1].isdigit():
         arms = raw.get("arms")
         index = int(parts[1])
-        name = arms[index].get("name") if isinstance(arms, list) and index < len(arms) else None
+        arm = arms[index] if isinstance(arms, list) and index < len(arms) else None
+        name = arm.get("name") if isinstance(arm, Mapping) else None
         label = f"arm {name!r}" if isinstance(name, str) else f"arm #{index + 1}"
         rest = ".".join(parts[2:])
         return f"{label}: {rest}" if rest else label
     return ".".join(parts)
+
+
+def _accepted_keys(key: str, app_defaults: Mapping[str, Any]) -> str:
+    close = difflib.get_close_matches(key, list(app_defaults), n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"accepted: the keys of the app's [tool.flwr.app.config] (README: Settings){hint}"
 
 
 def _schema_problems(err: ValidationError, raw: Mapping[str, Any]) -> list[str]:
@@ -272,7 +285,11 @@ def _schema_problems(err: ValidationError, raw: Mapping[str, Any]) -> list[str]:
         where = _describe_location(tuple(problem["loc"]), raw)
         message = problem["msg"].removeprefix("Value error, ")
         if problem["type"] == "extra_forbidden":
-            message = "unknown key"
+            table = {"experiment": ExperimentSection, "arms": ArmSpec}.get(str(problem["loc"][0]), ExperimentSpec)
+            if len(problem["loc"]) == 1:
+                table = ExperimentSpec
+            keys = ", ".join(_dashed(name) for name in table.model_fields)
+            message = f"unknown key; accepted: {keys} (docs/experiments.md)"
         if problem["type"] == "missing":
             message = "required key missing"
         given = problem.get("input")
@@ -296,7 +313,7 @@ def _config_problems(
         if key in RESERVED_KEYS:
             problems.append(f"base: {key} is set by the experiment runner (use [[arms]] strategy / [experiment] seeds)")
         elif key not in app_defaults:
-            problems.append(f"base: unknown run-config key {key!r}")
+            problems.append(f"base: unknown run-config key {key!r}; {_accepted_keys(key, app_defaults)}")
     configs: dict[str, dict[str, Any]] = {}
     known_strategies = sorted(METHODS)
     for arm in spec.arms:
@@ -311,7 +328,9 @@ def _config_problems(
                 problems.append(f"{label}: overrides.{key} is set by the experiment runner")
                 bad = True
             elif key not in app_defaults:
-                problems.append(f"{label}: overrides: unknown run-config key {key!r}")
+                problems.append(
+                    f"{label}: overrides: unknown run-config key {key!r}; {_accepted_keys(key, app_defaults)}"
+                )
                 bad = True
         merged = {k: v for k, v in {**base, **overrides}.items() if k in app_defaults and k not in RESERVED_KEYS}
         merged["strategy"] = arm.strategy
@@ -373,8 +392,12 @@ def load_experiment(
             raw = tomllib.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ExperimentError(f"experiment file {path} does not exist") from None
-        except tomllib.TOMLDecodeError as err:
-            raise ExperimentError(f"experiment file {path} is not valid TOML: {err}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+            raise ExperimentError(
+                f"experiment file {path} is not valid TOML: {err}; accepted: a UTF-8 TOML file (docs/experiments.md)"
+            ) from None
+        except OSError as err:  # a folder, no permission, ...
+            raise ExperimentError(f"experiment file {path} cannot be read: {err.strerror or err}") from None
     label = str(path) if path else "experiment"
     if seeds is not None:
         raw.setdefault("experiment", {})

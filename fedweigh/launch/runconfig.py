@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import reprlib
 import tomllib
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -29,6 +30,9 @@ from typing import Any
 # Run-config keys holding local paths that are made absolute when they exist
 # relative to the current working directory (the apps run in other cwds).
 PATH_KEYS_IF_EXISTING = ("dataset", "resume-from")
+
+# Characters a TOML string cannot hold as they are (a tab it can).
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 # flwr.common.config.parse_config_args splits `--run-config` with this pattern.
 _KV = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
@@ -61,14 +65,21 @@ def format_toml_value(value: Any) -> str:
     if isinstance(value, Path):
         value = str(value)
     if isinstance(value, str):
-        if "\n" in value or "\r" in value:
-            raise ValueError(f"run-config strings cannot contain newlines: {value!r}")
+        if _CONTROL.search(value):  # TOML strings cannot hold them unescaped, and escapes need '"'
+            raise ValueError(
+                "run-config strings cannot contain control characters such as newlines; accepted: one line of text"
+            )
         if "'" not in value:
             return f"'{value}'"
         if '"' not in value:
             return '"' + value.replace("\\", "\\\\") + '"'
-        raise ValueError(f"run-config strings cannot contain both ' and \" (flwr limitation): {value!r}")
-    raise TypeError(f"unsupported run-config value type {type(value).__name__}: {value!r}")
+        raise ValueError(
+            "run-config strings cannot contain both ' and \" (a flwr limitation); accepted: a string with one kind "
+            "of quote at most"
+        )
+    raise TypeError(
+        f"unsupported run-config value type {type(value).__name__}; accepted: a string, integer, float or boolean"
+    )
 
 
 def build_run_config_arg(run_config: Mapping[str, Any]) -> str:
@@ -76,8 +87,13 @@ def build_run_config_arg(run_config: Mapping[str, Any]) -> str:
     parts = []
     for key, value in run_config.items():
         if not key or any(c.isspace() for c in key) or "=" in key:
-            raise ValueError(f"invalid run-config key: {key!r}")
-        parts.append(f"{key}={format_toml_value(value)}")
+            raise ValueError(
+                f"invalid run-config key: {key!r}; accepted: a setting's name, without spaces or '=' (README: Settings)"
+            )
+        try:
+            parts.append(f"{key}={format_toml_value(value)}")
+        except (ValueError, TypeError) as err:  # say which setting the value belongs to
+            raise ValueError(f"{key} = {reprlib.repr(value)}: {err}") from None
     return " ".join(parts)
 
 
@@ -201,7 +217,10 @@ def prepare_run_config(
     cwd = Path(cwd)
     unknown = sorted(set(overrides) - set(app_defaults))
     if unknown:
-        raise ValueError(f"unknown run-config key(s) {unknown}; the app defines {sorted(app_defaults)}")
+        raise ValueError(
+            f"unknown run-config key(s) {unknown}; accepted: the keys of the app's [tool.flwr.app.config] "
+            f"(README: Settings): {', '.join(sorted(app_defaults))}"
+        )
     cfg: dict[str, Any] = {}
     for key, value in overrides.items():
         default = app_defaults[key]

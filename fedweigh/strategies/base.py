@@ -47,12 +47,24 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
-from fedweigh.protocol import ARRAYS, CONFIG, FROZEN_DIGEST, SERVER_ROUND, TRAIN_LOSS, ConfigValue
+from fedweigh.faults import FaultPlan
+from fedweigh.protocol import (
+    ARRAYS,
+    CLIENT_STEPS,
+    CONFIG,
+    FAULT,
+    FROZEN_DIGEST,
+    SERVER_ROUND,
+    STEPS,
+    TRAIN_LOSS,
+    ConfigValue,
+)
 from fedweigh.rules.base import RoundSignals, RuleOutcome, WeightingRule
 from fedweigh.strategies.aggregation import NamedArrays, all_finite, decode, encode
 from fedweigh.strategies.deadline import Deadline, DeadlineGrid
 from fedweigh.strategies.delays import Dispatches, delay
 from fedweigh.strategies.replies import ClientReply, valid_replies
+from fedweigh.strategies.robust import bound_update_norms
 from fedweigh.strategies.sampling import NodeDirectory, sample_nodes, sample_size
 from fedweigh.strategies.schedules import Schedule
 from fedweigh.strategies.updates import RoundUpdate, ServerUpdate, WeightedMean, as_current
@@ -71,6 +83,8 @@ class RoundRecord:
     diagnostics: dict[str, Any] = field(default_factory=dict)
     aggregated: bool = False
     in_flight: list[int] = field(default_factory=list)  # partitions whose update is still on its way
+    faults: dict[str, str] = field(default_factory=dict)  # fault injection: partition -> its fault
+    excluded: int = 0  # clients left out this round, whatever the reason (len(left_out))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -109,6 +123,12 @@ class WeightedFedAvg(FedAvg):
         Hash of the model's frozen part (:func:`fedweigh.models.finetuning.frozen_digest`),
         sent with every instruction so that a client built from other weights
         refuses it; ``""`` when every tensor travels.
+    update_norm_bound : float
+        Robust aggregation (off: 0): each update's norm is capped at this
+        multiple of the round's median (:mod:`fedweigh.strategies.robust`).
+    faults : FaultPlan, optional
+        Fault injection: the clients told to misbehave, round by round
+        (:mod:`fedweigh.faults`); None in a normal run.
     **fedavg_kwargs
         ``fraction_train``, ``min_train_nodes``, ... as for Flower's FedAvg.
     """
@@ -127,6 +147,8 @@ class WeightedFedAvg(FedAvg):
         seed: int = 0,
         round_offset: int = 0,
         frozen_digest: str = "",
+        update_norm_bound: float = 0.0,
+        faults: FaultPlan | None = None,
         **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(arrayrecord_key=ARRAYS, configrecord_key=CONFIG, **fedavg_kwargs)
@@ -143,6 +165,9 @@ class WeightedFedAvg(FedAvg):
         self.seed = seed
         self.round_offset = round_offset
         self.frozen_digest = frozen_digest
+        self.update_norm_bound = update_norm_bound
+        self.faults = faults
+        self.pending_faults: dict[tuple[int, int], str] = {}  # (partition, round sampled) -> fault, while delayed
         self.directory = NodeDirectory()
         self.records: dict[int, RoundRecord] = {}
         self.global_models: dict[int, NamedArrays] = {}  # round -> the global model it sent
@@ -194,6 +219,13 @@ class WeightedFedAvg(FedAvg):
             values.update(schedule(server_round))
         return values
 
+    @property
+    def checked_signals(self) -> tuple[str, ...]:
+        """The signals every reply must carry, valid: the rule's, and those of the client steps it was told to run."""
+        steps: list[str] = list(self.recipe.get(CLIENT_STEPS, []))  # type: ignore[arg-type]
+        produced = [name for step in steps for name in STEPS[step].produces]
+        return tuple(dict.fromkeys([*self.rule.signals, *produced]))
+
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
@@ -215,6 +247,11 @@ class WeightedFedAvg(FedAvg):
             return []
         chosen = self._sample(grid, current, self.fraction_train, self.min_train_nodes, 0, self.busy_nodes())
         record.sampled = [self.directory.partition_of.get(node, -1) for node in chosen]
+        fault_of: dict[int, str] = {}  # node -> the fault it is told to commit (fault injection only)
+        if self.faults is not None:
+            for position, kind in self.faults.assign(current, record.sampled).items():
+                fault_of[chosen[position]] = kind
+                record.faults[str(record.sampled[position])] = kind
         now = chosen
         if self.delay_std > 0:
             now = []
@@ -224,23 +261,36 @@ class WeightedFedAvg(FedAvg):
                     now.append(node)
                 else:
                     self.dispatches.send(partition, current, current + late)
-        self._sent = self._instructions(now, current, arrays, config)
+                    if node in fault_of:
+                        self.pending_faults[(partition, current)] = fault_of[node]
+        self._sent = self._instructions(now, current, arrays, config, fault_of)
         if self.delay_std > 0:
             self._sent += self._arrivals(current, config, record)
         return self._sent
 
     def _instructions(
-        self, nodes: Sequence[int], model_round: int, arrays: ArrayRecord, config: ConfigRecord
+        self,
+        nodes: Sequence[int],
+        model_round: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        faults: Mapping[int, str] | None = None,
     ) -> list[Message]:
-        """Train instructions: the model of ``model_round`` with that round's recipe and values."""
-        if not nodes:
-            return []
+        """Train instructions: the model of ``model_round`` with that round's recipe and values.
+
+        ``faults`` (fault injection) names the fault each of some nodes is told to commit.
+        """
         values = self.round_values(model_round)
-        train_config = ConfigRecord(
-            {**dict(config), **self.recipe, **values, **self._model_check(), SERVER_ROUND: model_round}
-        )
-        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: train_config})
-        return list(self._construct_messages(content, list(nodes), MessageType.TRAIN))
+        entries = {**dict(config), **self.recipe, **values, **self._model_check(), SERVER_ROUND: model_round}
+        groups: dict[str, list[int]] = {}
+        for node in nodes:
+            groups.setdefault((faults or {}).get(node, ""), []).append(node)
+        messages: list[Message] = []
+        for fault, members in groups.items():
+            train_config = ConfigRecord({**entries, FAULT: fault} if fault else entries)
+            content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: train_config})
+            messages += self._construct_messages(content, members, MessageType.TRAIN)
+        return messages
 
     def _model_check(self) -> dict[str, ConfigValue]:
         """The config entry that lets a client check its frozen model part against the server's (none without)."""
@@ -251,9 +301,13 @@ class WeightedFedAvg(FedAvg):
         node_of = {partition: node for node, partition in self.directory.partition_of.items()}
         connected = set(self.directory.connected)
         by_round: dict[int, list[int]] = {}
+        faults: dict[int, str] = {}
         for dispatch in self.dispatches.arriving(current):
             late = current - dispatch.round
             node = node_of.get(dispatch.partition)
+            fault = self.pending_faults.pop((dispatch.partition, dispatch.round), "")
+            if fault and node is not None:
+                faults[node] = fault
             if late > self.max_staleness:
                 why = (
                     f"its update arrives {late} rounds after it was sent; "
@@ -268,7 +322,7 @@ class WeightedFedAvg(FedAvg):
             record.left_out[str(dispatch.partition)] = why
         messages = []
         for model_round, nodes in sorted(by_round.items()):
-            messages += self._instructions(nodes, model_round, encode(self.global_models[model_round]), config)
+            messages += self._instructions(nodes, model_round, encode(self.global_models[model_round]), config, faults)
         return messages
 
     def _forget_unneeded_models(self, current: int) -> None:
@@ -314,10 +368,11 @@ class WeightedFedAvg(FedAvg):
         sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent if m.metadata.message_id}
         origin = {**(self.deadline_grid.origins() if self.deadline_grid else {}), **sent}
         oldest = min(self.global_models)  # configure_train keeps the models replies may still need
-        accepted, rejected = valid_replies(current, replies, reference, self.rule.signals, origin, oldest)
+        accepted, rejected = valid_replies(current, replies, reference, self.checked_signals, origin, oldest)
         if self.deadline_grid is None:
             rejected.update(_unanswered(current, sent, replies))
         record.left_out.update({str(self.directory.partition_of.get(n, n)): why for n, why in rejected.items()})
+        record.excluded = len(record.left_out)
         record.in_flight = self._in_flight_partitions()
         if not accepted and self.update.needs_clients:
             self._account_memory(current, record)
@@ -326,6 +381,15 @@ class WeightedFedAvg(FedAvg):
             else:
                 logger.warning("round %d: no valid reply; the global model stays as it was", current)
             return None, None
+        if self.update.needs_clients and not self.asynchronous and len(accepted) < self.min_train_nodes:
+            logger.warning(
+                "round %d: skipped: %d valid repl%s, fewer than min-train-nodes = %d; the global model stays as it was",
+                current,
+                len(accepted),
+                "y" if len(accepted) == 1 else "ies",
+                self.min_train_nodes,
+            )
+            return None, None
         # Replies arrive in any order; summing in partition order makes runs bit-reproducible.
         accepted.sort(key=lambda reply: (reply.partition_id, reply.node_id, reply.model_round))
 
@@ -333,6 +397,13 @@ class WeightedFedAvg(FedAvg):
         models = [reply.arrays for reply in accepted]
         model_rounds = [reply.model_round for reply in accepted]
         start_models = {r: self.global_models[r] for r in set(model_rounds)}
+        norms: dict[str, list[float]] = {}
+        if self.update_norm_bound > 0 and accepted:
+            starts = [start_models[r] for r in model_rounds]
+            models, update_norms, factors = bound_update_norms(models, starts, self.update_norm_bound)
+            norms = {"update-norm": update_norms.tolist(), "norm-factor": factors.tolist()}
+            record.diagnostics["median-update-norm"] = float(np.median(update_norms))
+            record.diagnostics["updates-bounded"] = int(np.sum(factors < 1.0))
         values: dict[str, np.ndarray] = {
             key: np.array([reply.signals[key] for reply in accepted], dtype=np.float64) for key in self.rule.signals
         }
@@ -371,6 +442,9 @@ class WeightedFedAvg(FedAvg):
             )
             for index, reply in enumerate(accepted)
         ]
+        for key, series in norms.items():
+            for entry, value in zip(record.clients, series, strict=True):
+                entry[key] = value
         metrics = {"num-clients": len(accepted), "num-left-out": len(rejected)}
         if accepted:
             metrics[TRAIN_LOSS] = float(np.dot(sizes, [r.train_loss for r in accepted]) / sizes.sum())
@@ -409,6 +483,8 @@ class WeightedFedAvg(FedAvg):
         state: dict[str, Any] = {"rule": self.rule.state(), "update": self.update.state(), "global_models": needed}
         if len(self.dispatches):
             state["dispatches"] = self.dispatches.state()
+        if self.pending_faults:
+            state["pending-faults"] = [[p, r, kind] for (p, r), kind in sorted(self.pending_faults.items())]
         return state
 
     def load_state(self, state: Mapping[str, Any]) -> None:
@@ -416,6 +492,7 @@ class WeightedFedAvg(FedAvg):
         self.update.load_state(state.get("update", {}))
         self.global_models.update({int(r): dict(m) for r, m in state.get("global_models", {}).items()})
         self.dispatches.load_state(state.get("dispatches", []))
+        self.pending_faults = {(int(p), int(r)): str(kind) for p, r, kind in state.get("pending-faults", [])}
 
 
 def _nbytes(arrays: NamedArrays) -> int:
@@ -439,18 +516,19 @@ def _client_entry(
     count = len(outcome.weights)
     entry: dict[str, Any] = {
         "partition": reply.partition_id,
-        "node": reply.node_id,
         "num_examples": reply.num_examples,
         TRAIN_LOSS: reply.train_loss,
         "staleness": server_round - reply.model_round,
         "bytes_sent": _nbytes(sent),
         "bytes_received": _nbytes(reply.arrays),
     }
+    if reply.partition_id < 0:  # a site without a partition id: its node id is what names it
+        entry["node"] = reply.node_id
     if weighted:
         entry["weight"] = float(outcome.weights[index])
     entry.update({key: float(series[index]) for key, series in values.items()})
     entry.update({key: float(v[index]) for key, v in outcome.diagnostics.items() if _per_client(v, count)})
-    entry.update({key: value for key, value in reply.reported.items() if key not in entry})
+    entry.update({key: value for key, value in {**reply.signals, **reply.reported}.items() if key not in entry})
     return entry
 
 

@@ -17,6 +17,7 @@ Example
 
 from __future__ import annotations
 
+from fedweigh.faults import FaultPlan
 from fedweigh.methods import RunPlan, plan_run
 from fedweigh.protocol import CLIENT_STEPS, STEPS, ConfigValue, TrainRecipe, table_entries
 from fedweigh.rules.registry import RULES
@@ -76,6 +77,8 @@ def build_strategy(
         seed=settings.seed,
         round_offset=round_offset,
         frozen_digest=frozen_digest,
+        update_norm_bound=settings.update_norm_bound,
+        faults=FaultPlan.from_settings(settings),
         fraction_train=settings.fraction_train,
         min_train_nodes=settings.min_train_nodes,
         min_available_nodes=settings.min_train_nodes,

@@ -29,9 +29,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from flwr.app import Message, MessageType, RecordDict
+from flwr.app import Message, MessageType
 from flwr.serverapp import Grid
-from flwr.supercore.run import Run
+
+from fedweigh.strategies.grid_wrapper import GridWrapper
 
 logger = logging.getLogger("flwr.fedweigh")
 
@@ -71,7 +72,7 @@ class InFlight:
     round: int
 
 
-class DeadlineGrid(Grid):
+class DeadlineGrid(GridWrapper):
     """A :class:`~flwr.serverapp.Grid` whose training rounds close at a deadline (see the module docstring)."""
 
     def __init__(
@@ -81,7 +82,7 @@ class DeadlineGrid(Grid):
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.grid = grid
+        super().__init__(grid)
         self.deadline = deadline
         self.clock, self.sleep = clock, sleep
         self.in_flight: dict[str, InFlight] = {}  # message id -> who and when
@@ -98,28 +99,7 @@ class DeadlineGrid(Grid):
         """Message id to node, for every instruction in flight."""
         return {message_id: entry.node for message_id, entry in self.in_flight.items()}
 
-    # -- Grid ---------------------------------------------------------------------
-
-    @property
-    def run(self) -> Run:
-        return self.grid.run
-
-    def set_run(self, run: Run) -> None:
-        self.grid.set_run(run)
-
-    def create_message(
-        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
-    ) -> Message:
-        return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
-
-    def get_node_ids(self) -> Iterable[int]:
-        return self.grid.get_node_ids()
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        return self.grid.push_messages(messages)
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return self.grid.pull_messages(message_ids)
+    # -- Grid (the rest passes through, GridWrapper) ---------------------------------
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         messages = list(messages)

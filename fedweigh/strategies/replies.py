@@ -1,13 +1,14 @@
 """Checking client replies before they reach the global model.
 
 A reply enters aggregation only if it carries exactly one ArrayRecord whose
-tensors match the global model (names, shapes) and are finite, and one
+tensors match the global model (names, shapes, dtypes) and are finite, and one
 MetricRecord with ``num-examples`` >= 1, a valid ``train_loss`` and every
 signal the rule needs, each passing its check
 (:data:`fedweigh.protocol.SIGNALS`). A reply says which round's global model
 it trained (``model-round``; a reply without it, such as a plain Flower
 client's, is taken as trained on this round's model); one from a later round,
-or older than the strategy accepts, is left out too. A reply that fails is
+or older than the strategy accepts, is left out too, and so is a second reply
+to the same instruction (only the first counts). A reply that fails is
 left out of the round with a logged warning naming the node and the reason; it
 never touches the global model.
 """
@@ -15,6 +16,7 @@ never touches the global model.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -44,6 +46,11 @@ class ClientReply:
     arrays: dict[str, np.ndarray] = field(repr=False)
     reported: dict[str, float] = field(default_factory=dict)  # other scalar metrics, kept for the record
     model_round: int = 0
+
+
+def _readable(reason: str) -> str:
+    """An error reply's reason on one line, without terminal colour codes (Ray wraps a ClientApp's error in both)."""
+    return " ".join(re.sub(r"\x1b\[[0-9;]*m", "", reason).split())
 
 
 class InvalidReply(ValueError):
@@ -102,7 +109,7 @@ def check_reply(
     if message.has_error():
         if message.error.code == ErrorCode.NODE_UNAVAILABLE:
             raise InvalidReply(f"the node left the federation during the round ({message.error.reason})")
-        raise InvalidReply(f"the ClientApp failed: {message.error.reason}")
+        raise InvalidReply(f"the ClientApp failed: {_readable(message.error.reason)}")
     content = message.content
     if len(content.array_records) != 1 or len(content.metric_records) != 1:
         raise InvalidReply(
@@ -125,6 +132,8 @@ def check_reply(
     for name, value in arrays.items():
         if value.shape != reference[name].shape:
             raise InvalidReply(f"tensor '{name}' has shape {value.shape}, expected {reference[name].shape}")
+        if value.dtype != reference[name].dtype:
+            raise InvalidReply(f"tensor '{name}' has dtype {value.dtype}, expected {reference[name].dtype}")
     if not all_finite(arrays):
         raise InvalidReply("model tensors contain NaN or infinite values")
     return ClientReply(
@@ -174,7 +183,15 @@ def valid_replies(
     signals = tuple(signals)
     accepted: list[ClientReply] = []
     rejected: dict[int, str] = {}
+    answered: set[str] = set()
     for message in messages:
+        instruction = message.metadata.reply_to_message_id
+        if instruction and instruction in answered:
+            node = reply_origin(message, origin or {})
+            rejected[node] = "a second reply to the same instruction; only the first counts"
+            logger.warning("round %d: left out a reply of node %d: %s", server_round, node, rejected[node])
+            continue
+        answered.add(instruction)
         try:
             accepted.append(check_reply(message, reference, signals, server_round, oldest_round))
         except InvalidReply as reason:

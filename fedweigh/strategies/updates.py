@@ -47,6 +47,7 @@ import numpy as np
 
 from fedweigh.settings import Settings
 from fedweigh.strategies.aggregation import NamedArrays, weighted_average
+from fedweigh.strategies.robust import trimmed_weighted_mean
 
 
 @dataclass(frozen=True)
@@ -167,11 +168,24 @@ class ServerUpdate:
 
 
 class WeightedMean(ServerUpdate):
-    """``θ = Σ_k w_k θ_k`` over the replies as models of this round (stale ones rebased)."""
+    """``θ = Σ_k w_k θ_k`` over the replies as models of this round (stale ones rebased).
+
+    With ``trim`` > 0 (the ``trimmed-mean`` setting, off by default) it is the
+    coordinate-wise trimmed weighted mean of :mod:`fedweigh.strategies.robust`.
+    """
 
     name = "mean"
 
+    def __init__(self, trim: float = 0.0) -> None:
+        self.trim = trim
+
+    @classmethod
+    def build(cls, settings: Settings, server_data: object | None = None) -> WeightedMean:
+        return cls(settings.trimmed_mean)
+
     def __call__(self, update: RoundUpdate) -> dict[str, np.ndarray]:
+        if self.trim > 0:
+            return trimmed_weighted_mean(update.current_models(), update.weights, self.trim)
         return weighted_average(update.current_models(), update.weights)
 
 
