@@ -182,7 +182,13 @@ def _u_agg_round(uncertainties: list[float]) -> tuple[WeightedFedAvg, ArrayRecor
         reply(
             1000 + i,
             _arrays(i),
-            {"num-examples": 10 * (i + 1), "train_loss": 0.5, "partition-id": i, UNCERTAINTY: value},
+            {
+                "num-examples": 10 * (i + 1),
+                "train_loss": 0.5,
+                "partition-id": i,
+                UNCERTAINTY: value,
+                UNCERTAINTY_MEAN: 0.1,
+            },
         )
         for i, value in enumerate(uncertainties)
     ]

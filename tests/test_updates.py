@@ -135,7 +135,7 @@ def test_the_checkpoint_keeps_the_models_stale_replies_may_still_need():
         configure(strategy, server_round, server_round)
     state = strategy.state()
     assert sorted(state["global_models"]) == [2, 3]  # round 4 accepts replies to the models of rounds 2 and 3
-    resumed = WeightedFedAvg(SampleCountRule(), seed=1, max_staleness=2, round_offset=3)
+    resumed = WeightedFedAvg(SampleCountRule(), seed=1, max_staleness=2, round_offset=3, min_train_nodes=1)
     resumed.load_state(state)
     configure(resumed, 1, 9)  # round 4
     arrays, _ = resumed.aggregate_train(1, [train_reply(1000, 5, model_round=2)])
