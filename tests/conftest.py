@@ -169,3 +169,34 @@ def in_process_runs(tmp_path_factory):
         return done[name][1]
 
     return run
+
+
+GROUPS_LOST = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """Notice when ``--dist loadgroup`` would not keep an ``xdist_group`` together.
+
+    The deployment tests and the shared simulation are sequences on one
+    worker's processes (a reference run, then a crash compared with it). On
+    each worker, pytest-xdist marks a grouped test by adding ``@<group>`` to its
+    node id; when a pytest release stops honouring that (pytest 9.2 with
+    pytest-xdist 3.8 did), the groups are spread over the workers and those
+    sequences would fail in confusing ways. Every grouped test then fails at
+    once with the reason instead (:func:`pytest_runtest_setup`).
+    """
+    if not getattr(config.option, "loadgroup", False):
+        return
+    lost = [item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if lost:
+        config.stash[GROUPS_LOST] = (
+            f"--dist loadgroup: pytest-xdist could not tag {len(lost)} grouped tests with their group, so it spreads "
+            "each group over the workers; use a pytest and pytest-xdist pair that work together (see the dev extra "
+            "in pyproject.toml)"
+        )
+
+
+def pytest_runtest_setup(item) -> None:
+    if GROUPS_LOST in item.config.stash and item.get_closest_marker("xdist_group"):
+        pytest.fail(item.config.stash[GROUPS_LOST], pytrace=False)

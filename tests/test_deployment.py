@@ -18,31 +18,50 @@ Order matters and pytest keeps it, and later tests build on earlier ones:
 2. the reference run ``tls``: fedoui, 2 rounds, all three partitions;
 3. ``kill``: supernode-3 is killed mid-round, the run goes on without it (and
    the survivors' round 1 training equals the reference's, bit for bit);
-4. ``deadline``: an asynchronous run whose rounds close at a deadline while a
+4. supernode-3 comes back with its key and partition and is online again;
+5. ``crash``: the run's ServerApp process is killed with SIGKILL during round
+   2, then the run is resumed from its folder (``resume-from``) and ends with
+   the reference's metrics rows and model, exactly; the rejoined supernode-3
+   trains partition 2 in both halves, as it did in the reference;
+6. ``faults``: one node a round raises, returns NaN, or has its reply
+   delivered twice; each round closes with the others;
+7. supernode-3 stops cleanly and is offline at once;
+8. ``deadline``: an asynchronous run whose rounds close at a deadline while a
    slow node, holding supernode-3's partition, keeps training.
+
+The suite runs this module on one pytest-xdist worker (``xdist_group``), in
+this order; ``tests/conftest.py`` fails it if the group cannot be kept.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
+import time
 import warnings
+from pathlib import Path
 
 import pytest
+import torch
+from fault_reasons import REASON as FAULT_REASONS
 from virtual_federation import (
     DEPLOY,
     Federation,
     FlowerProcess,
+    RunHandle,
     VirtualNetwork,
     command_line,
     namespaces_permitted,
     plan_topology,
+    poll_until,
 )
 
-from fedweigh.results import read_metrics
+from fedweigh.results import Checkpoint, read_metrics, without_timing
 
 SUPERNODES = ["supernode-1", "supernode-2", "supernode-3"]
 STRANGER = "stranger"  # has a key, never registered
@@ -118,6 +137,44 @@ def superexec_tls(process: FlowerProcess) -> list[str]:
     (superexec,) = process.running("flower-superexec")
     argv = command_line(superexec)
     return [arg for arg in argv if arg in {"--insecure", "--root-certificates"}]
+
+
+def started_or_refused(node: FlowerProcess) -> bool:
+    """The SuperNode got its ID, failed to bind its port, or exited."""
+    return bool(re.search(r"SuperNode ID: \d+|address already in use", node.text())) or node.popen.poll() is not None
+
+
+def restart_when_its_port_is_free(federation: Federation, name: str, node_config: dict) -> FlowerProcess:
+    """Start SuperNode ``name`` again; while its killed predecessor's Runtime API port is still held, try again.
+
+    A SIGKILLed server leaves its accepted connections in TIME_WAIT for up to
+    a minute, and Flower's Runtime API binds without SO_REUSEADDR: a restart
+    within that minute exits with "address already in use". Each attempt is
+    awaited (its ID, or its exit), for at most two minutes in all.
+    """
+    deadline = time.monotonic() + 120
+    while True:
+        node = federation.start_supernode(name, name, node_config)
+        poll_until(lambda node=node: started_or_refused(node), timeout=180, what=f"{name} started or refused its port")
+        if "address already in use" not in node.text() or time.monotonic() > deadline:
+            return node
+        node.wait_exit(timeout=30)
+
+
+def same_tensors(a: Path, b: Path) -> bool:
+    """Two saved state_dicts hold the same names, dtypes and values, exactly."""
+    first, second = torch.load(a), torch.load(b)
+    return first.keys() == second.keys() and all(
+        first[k].dtype == second[k].dtype and torch.equal(first[k], second[k]) for k in first
+    )
+
+
+def completed(federation: Federation, config: dict, name: str) -> RunHandle:
+    """Submit a run, wait for it, and insist that it completed (its status, details and log tail if not)."""
+    run = federation.submit(config, name)
+    federation.finish(run, timeout=480)
+    assert run.status == "finished:completed", f"{run.status} {run.details}\n{run.process.tail(40)}"
+    return run
 
 
 def test_topology_is_planned_on_separate_addresses_or_on_loopback():
@@ -210,9 +267,8 @@ def test_supernode_refuses_a_superlink_certified_for_another_host(federation, tm
 
 
 def test_fedoui_trains_across_the_hosts(federation, output_dir):
-    run = federation.submit({**RUN, "num-server-rounds": 2, "output-dir": str(output_dir), "run-name": "tls"}, "tls")
-    federation.finish(run, timeout=480)
-    assert run.status == "finished:completed", f"{run.status} {run.details}\n{run.process.tail(40)}"
+    config = {**RUN, "num-server-rounds": 2, "output-dir": str(output_dir), "run-name": "tls"}
+    run = completed(federation, config, "tls")
 
     folder = output_dir / "tls"
     assert all((folder / name).is_file() for name in RESULT_FILES), sorted(p.name for p in folder.iterdir())
@@ -250,6 +306,100 @@ def test_run_completes_when_a_supernode_is_killed_mid_round(federation, output_d
         assert {k: client[k] for k in CLIENT_SIDE} == {k: reference[client["partition"]][k] for k in CLIENT_SIDE}
 
 
+def test_the_killed_supernode_rejoins_with_its_key_and_partition(federation):
+    """Restarted after the crash (same key, same partition), supernode-3 is the same node, online again."""
+    node_id = federation.node_ids["supernode-3"]
+    before = activations(federation, "supernode-3")
+    rejoined = restart_when_its_port_is_free(federation, "supernode-3", partition(2))
+    assert int(rejoined.wait_for(r"SuperNode ID: (\d+)", timeout=180).group(1)) == node_id
+    assert federation.node_states()[node_id] == "online"
+    if federation.topology.isolated:
+        assert activations(federation, "supernode-3") == [*before, "200"]
+
+
+def test_run_resumes_after_its_serverapp_is_killed_and_ends_as_the_uninterrupted_run(federation, output_dir):
+    """SIGKILL the ``flwr-serverapp`` process mid-run, resume from the run folder: the reference's result, exactly.
+
+    The ServerApp is the process below the SuperLink (SuperLink -> SuperExec ->
+    ``flwr-serverapp``) that runs the strategy and writes the run folder. It is
+    killed once round 1 is recorded and checkpointed and round 2's training has
+    reached the nodes. The resumed run (same config, plus ``resume-from``) is
+    compared with the reference run ``tls`` (same config and seed, never
+    interrupted): metrics rows without their timings, summary and final model.
+    """
+    config = {**RUN, "num-server-rounds": 2, "output-dir": str(output_dir), "run-name": "crash"}
+    folder, reference = output_dir / "crash", output_dir / "tls"
+    superlink, witness = federation.processes[0], federation.supernodes["supernode-1"]
+    start = len(witness.text())
+    crashed = federation.submit(config, "crash")
+    poll_until(
+        lambda: (folder / "checkpoint.pt").is_file() and witness.text().count("Receiving: train message", start) >= 2,
+        timeout=400,
+        what="round 1 checkpointed and round 2 sent to the nodes",
+    )
+    serverapps = superlink.running("flwr-serverapp")
+    assert len(serverapps) == 1, [command_line(pid) for pid in serverapps]
+    os.kill(serverapps[0], signal.SIGKILL)
+    poll_until(lambda: not superlink.running("flwr-serverapp"), timeout=30, what="the ServerApp gone")
+    assert [row["round"] for row in read_metrics(folder)] == [1]  # round 2 was never recorded
+    assert Checkpoint.load(folder / "checkpoint.pt").round == 1
+
+    resumed = completed(federation, {**config, "resume-from": str(folder)}, "resume")
+    assert f"[fedweigh] resuming {folder} after round 1" in resumed.log
+
+    rows = read_metrics(folder)
+    assert [row["round"] for row in rows] == [1, 2]
+    assert all(sorted(client["partition"] for client in row["clients"]) == [0, 1, 2] for row in rows)
+    assert without_timing(rows) == without_timing(read_metrics(reference))
+    assert same_tensors(folder / "model.pt", reference / "model.pt")
+    resumed_summary, reference_summary = (
+        {k: v for k, v in json.loads((path / "summary.json").read_text()).items() if k not in {"seconds", "run_dir"}}
+        for path in (folder, reference)
+    )
+    assert resumed_summary == reference_summary  # best accuracy too, over rounds of two processes
+
+    # The SuperLink gives up on the killed run by itself, once the ServerApp's heartbeats stop.
+    federation.finish(crashed, timeout=180)
+    assert crashed.status == "finished:failed" and "No heartbeat" in crashed.details, crashed.details
+
+
+def test_faulty_clients_are_left_out_across_the_hosts(federation, output_dir):
+    """The fault switch in a deployment: each round one node misbehaves, the round closes with the other two.
+
+    The faulty node learns its fault from its own train instruction; the
+    ServerApp, on another host, leaves its reply out with the reason, counts
+    it, and keeps the model finite.
+    """
+    kinds = ["exception", "nan", "duplicate"]  # the ClientApp raises; returns NaN; its reply is delivered twice
+    config = {
+        **RUN,
+        "strategy": "fedavg",
+        "num-server-rounds": len(kinds),
+        "faults.kinds": ",".join(kinds),
+        "faults.fraction": 1 / len(SUPERNODES),
+        "output-dir": str(output_dir),
+        "run-name": "faults",
+    }
+    run = completed(federation, config, "faults")
+    rows = read_metrics(output_dir / "faults")
+    assert sorted(kind for row in rows for kind in row["faults"].values()) == sorted(kinds)
+    for row in rows:
+        ((partition, kind),) = row["faults"].items()
+        accepted = sorted(str(client["partition"]) for client in row["clients"])
+        assert row["aggregated"] and row["excluded"] == 1 and set(row["left_out"]) == {partition}
+        assert re.search(FAULT_REASONS[kind], row["left_out"][partition]), (kind, row["left_out"])
+        assert accepted == sorted({"0", "1", "2"} - ({partition} if kind != "duplicate" else set()))
+        assert f"round {row['round']}: left out" in run.log
+    assert all(torch.isfinite(t).all() for t in torch.load(output_dir / "faults" / "model.pt").values())
+
+
+def test_a_supernode_that_stops_cleanly_is_offline_at_once(federation):
+    """SIGTERM: supernode-3 deactivates itself on the way out, so the SuperLink need not wait for heartbeats."""
+    assert federation.supernodes["supernode-3"].stop(grace=30) == []  # it exited on SIGTERM, nothing needed SIGKILL
+    # Heartbeats come every 30 s and are trusted for 60 s: without the deactivation it would still be online.
+    assert federation.node_states()[federation.node_ids["supernode-3"]] == "offline"
+
+
 def test_rounds_close_at_their_deadline_and_a_slow_node_s_update_joins_a_later_round(federation, output_dir):
     federation.register(SLOW)
     slow = federation.start_supernode(SLOW, SLOW, {**partition(2), "train-delay": 20})  # supernode-3's partition
@@ -264,9 +414,7 @@ def test_rounds_close_at_their_deadline_and_a_slow_node_s_update_joins_a_later_r
         "output-dir": str(output_dir),
         "run-name": "deadline",
     }
-    run = federation.submit(config, "deadline")
-    federation.finish(run, timeout=480)
-    assert run.status == "finished:completed", f"{run.status} {run.details}\n{run.process.tail(40)}"
+    run = completed(federation, config, "deadline")
 
     rows = read_metrics(output_dir / "deadline")
     first = rows[0]

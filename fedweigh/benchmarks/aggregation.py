@@ -165,19 +165,24 @@ def run_case(k: int, side: str, level: str, repeat: int = 3, model: str = "resne
 
     import logging
 
-    logging.getLogger("flwr").setLevel(logging.ERROR)  # FedAvg warns about settings; not measured
-    gc.collect()
-    baseline_kb = _status_kb("VmRSS")
-    peak_reset = _reset_peak()
-    seconds = []
-    result = work()  # warm-up (first touch of the output buffers)
-    del result
-    for _ in range(repeat):
+    flower = logging.getLogger("flwr")
+    level = flower.level
+    flower.setLevel(logging.ERROR)  # FedAvg warns about settings; not measured
+    try:
         gc.collect()
-        started = time.perf_counter()
-        result = work()
-        seconds.append(time.perf_counter() - started)
+        baseline_kb = _status_kb("VmRSS")
+        peak_reset = _reset_peak()
+        seconds = []
+        result = work()  # warm-up (first touch of the output buffers)
         del result
+        for _ in range(repeat):
+            gc.collect()
+            started = time.perf_counter()
+            result = work()
+            seconds.append(time.perf_counter() - started)
+            del result
+    finally:
+        flower.setLevel(level)  # the caller's logging as it was (a test process runs more than this)
     return {
         "k": k,
         "side": side,
