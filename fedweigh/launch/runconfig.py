@@ -30,6 +30,8 @@ from typing import Any
 # Run-config keys holding local paths that are made absolute when they exist
 # relative to the current working directory (the apps run in other cwds).
 PATH_KEYS_IF_EXISTING = ("dataset", "resume-from")
+# Run-config keys naming folders a run writes into, made absolute when given (as output-dir always is).
+WRITTEN_PATH_KEYS = ("tensorboard-dir",)
 
 # Characters a TOML string cannot hold as they are (a tab it can).
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -212,7 +214,8 @@ def prepare_run_config(
       ``cwd`` (default ``<cwd>/outputs``);
     - ``run-name`` (if the app has it) defaults to ``<strategy>-<UTC timestamp>``,
       with ``-2``, ``-3``, ... appended if that results folder already exists;
-    - ``dataset``/``resume-from`` given as relative paths that exist are made absolute.
+    - ``dataset``/``resume-from`` given as relative paths that exist are made absolute;
+    - ``tensorboard-dir``, when given, is made absolute against ``cwd``.
     """
     cwd = Path(cwd)
     unknown = sorted(set(overrides) - set(app_defaults))
@@ -231,6 +234,9 @@ def prepare_run_config(
     for key in PATH_KEYS_IF_EXISTING:
         if key in cfg:
             cfg[key] = resolve_dataset(cfg[key], cwd)
+    for key in WRITTEN_PATH_KEYS:
+        if cfg.get(key):
+            cfg[key] = str(resolve_output_dir(cfg[key], cwd))
 
     if "output-dir" in app_defaults:
         out = resolve_output_dir(cfg.get("output-dir", app_defaults["output-dir"]), cwd)
