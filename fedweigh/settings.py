@@ -604,6 +604,22 @@ def _nest(flat: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return nested, problems
 
 
+def flatten(tables: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested tables to Flower's flat run-config keys (``fedoui.window``): what :func:`nest` undoes.
+
+    >>> flatten({"seed": 1, "fedoui": {"window": 5}})
+    {'seed': 1, 'fedoui.window': 5}
+    """
+    flat: dict[str, Any] = {}
+    for key, value in tables.items():
+        full = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, full))
+        else:
+            flat[full] = value
+    return flat
+
+
 def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
     """Turn Flower's dotted keys (``fedprox.proximal-mu``) back into tables."""
     nested, problems = _nest(flat)

@@ -91,7 +91,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from fedweigh.protocol import SIGNALS
-from fedweigh.settings import Settings
+from fedweigh.settings import Settings, flatten
 
 logger = logging.getLogger("flwr.fedweigh")
 
@@ -160,21 +160,6 @@ def _client_name(client: Mapping[str, Any]) -> str:
     return f"partition-{partition}" if isinstance(partition, int) and partition >= 0 else f"node-{client.get('node')}"
 
 
-def flat_settings(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested settings tables to dotted keys, as the run config spells them.
-
-    >>> flat_settings({"seed": 1, "fedprox": {"proximal-mu": 0.01}})
-    {'seed': 1, 'fedprox.proximal-mu': 0.01}
-    """
-    flat: dict[str, Any] = {}
-    for key, value in settings.items():
-        if isinstance(value, Mapping):
-            flat.update(flat_settings(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 # --------------------------------------------------------------------------- trackers
 
 
@@ -231,7 +216,7 @@ class TensorBoardTracker:
         # that a resumed run logs again, or a whole earlier run in a folder started afresh
         self.writer = SummaryWriter(str(self.log_dir), purge_step=run.resumed_round + 1)
         if not run.resumed_round:
-            text = json.dumps(flat_settings(run.settings), indent=1, default=str)
+            text = json.dumps(flatten(run.settings), indent=1, default=str)
             self.writer.add_text("settings", "    " + text.replace("\n", "\n    "), 0)
             self.writer.flush()
 
@@ -284,7 +269,7 @@ class MLflowTracker:
         created = self.client.create_run(experiment_id, run_name=run.name, tags={"fedweigh.run-dir": str(run.run_dir)})
         self.run_id = created.info.run_id
         record.write_text(json.dumps({"tracking_uri": self.tracking_uri, "run_id": self.run_id}, indent=2))
-        params = [Param(key, str(value)[: self._PARAM_LENGTH]) for key, value in flat_settings(run.settings).items()]
+        params = [Param(key, str(value)[: self._PARAM_LENGTH]) for key, value in flatten(run.settings).items()]
         for chunk in _chunks(params, self._PARAM_BATCH):
             self.client.log_batch(self.run_id, params=chunk)
 

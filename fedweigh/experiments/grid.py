@@ -45,8 +45,9 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedweigh.experiments.spec import Experiment, ExperimentError, flatten_tables
+from fedweigh.experiments.spec import Experiment, ExperimentError
 from fedweigh.results import CHECKPOINT_FILE, CONFIG_FILE, SUMMARY_FILE, Checkpoint
+from fedweigh.settings import flatten
 from fedweigh.tracking import TENSORBOARD_FOLDER, local_store
 
 if TYPE_CHECKING:
@@ -259,7 +260,7 @@ def settings_differences(recorded: Mapping[str, Any], expected: Mapping[str, Any
     >>> settings_differences({"seed": 1, "fedoui": {"window": 1}}, {"seed": 1, "fedoui": {"window": 5}})
     ['fedoui.window: 1 in the folder, 5 now']
     """
-    old, new = flatten_tables(recorded), flatten_tables(expected)
+    old, new = flatten(recorded), flatten(expected)
     differences = []
     for key in sorted(set(old) & set(new) - _RUN_SPECIFIC):
         if _normalized(old[key]) != _normalized(new[key]):

@@ -27,6 +27,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fedweigh.settings import flatten
+
 # Run-config keys holding local paths that are made absolute when they exist
 # relative to the current working directory (the apps run in other cwds).
 PATH_KEYS_IF_EXISTING = ("dataset", "resume-from")
@@ -113,7 +115,7 @@ def parse_run_config(args: Iterable[str] | None) -> dict[str, Any]:
         return {}
     if len(args) == 1 and args[0].endswith(".toml"):
         with Path(args[0]).expanduser().open("rb") as fh:
-            return _flatten(tomllib.load(fh))
+            return flatten(tomllib.load(fh))
     out: dict[str, Any] = {}
     for arg in args:
         if arg.endswith(".toml"):
@@ -151,18 +153,7 @@ def load_app_config(app_dir: Path) -> dict[str, Any]:
     except FileNotFoundError as err:
         raise SimulationError(f"no pyproject.toml in {app_dir}") from err
     config = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {})
-    return _flatten(config)
-
-
-def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in d.items():
-        full = f"{prefix}.{key}" if prefix else key
-        if isinstance(value, Mapping):
-            out.update(_flatten(value, full))
-        else:
-            out[full] = value
-    return out
+    return flatten(config)
 
 
 def resolve_output_dir(value: str | os.PathLike[str] | None, cwd: Path) -> Path:
