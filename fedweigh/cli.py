@@ -11,8 +11,9 @@
 
 ``simulate`` checks the run config (:func:`fedweigh.preflight.check_run`)
 before it starts anything, then runs one simulation on a local SuperLink
-(:class:`fedweigh.launch.simulation.LocalSimulation`) and prints where the
-results are.
+(:class:`fedweigh.launch.simulation.LocalSimulation`), shows Flower's log with
+a progress line below it (:mod:`fedweigh.launch.progress`: the round, time
+left) and prints where the results are.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from fedweigh.experiments.cli import run_command as run_experiment_command
 from fedweigh.launch.commands import DEFAULT_NUM_SUPERNODES
 from fedweigh.launch.connection import resolve_flwr_home
 from fedweigh.launch.processes import ProcessTree, sigint_ignored
+from fedweigh.launch.progress import PendingRun, RunsProgress
 from fedweigh.launch.runconfig import SimulationError, load_app_config, parse_run_config, prepare_run_config
 from fedweigh.launch.simulation import LocalSimulation
 from fedweigh.launch.superlink import DEFAULT_PORT
@@ -93,30 +95,36 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         print(f"fedweigh: no pyproject.toml in {app}", file=sys.stderr)
         return 2
     try:
-        overrides = parse_run_config(args.run_config)
         defaults = load_app_config(app)
-        full = {**defaults, **prepare_run_config(overrides, defaults, Path.cwd())}
+        overrides = prepare_run_config(parse_run_config(args.run_config), defaults, Path.cwd())  # run name fixed
+        full = {**defaults, **overrides}
     except (ValueError, SimulationError) as err:
         print(f"fedweigh: {err}", file=sys.stderr)
         return 2
     from fedweigh.preflight import check_run  # torch and the registries: only for this command
 
     try:
-        check_run(full, args.num_supernodes)  # the one check, before any SuperLink starts
+        settings = check_run(full, args.num_supernodes)  # the one check, before any SuperLink starts
     except ValueError as err:
         print(f"fedweigh: {err}", file=sys.stderr)
         return 2
+    run = PendingRun(str(full.get("run-name") or "run"), settings.num_server_rounds)
+    progress = RunsProgress([run], label="simulate", out=sys.stderr)
 
     sim = LocalSimulation(app, port=args.port, database=args.database, keep_superlink=args.keep_superlink)
     t0 = time.monotonic()
     try:
         with sim:
+            progress.start_run(run)
             outcome = sim.run(
                 overrides,
                 num_supernodes=args.num_supernodes,
                 cpus_per_client=args.cpus_per_client,
                 gpus_per_client=args.gpus_per_client,
+                echo=False,  # echoed above the progress line instead
+                on_line=progress.echo_and_watch(sys.stdout),
             )
+            progress.finish_run(outcome.ok)
     except KeyboardInterrupt:
         print("fedweigh: interrupted", file=sys.stderr)
         return 130

@@ -21,7 +21,10 @@ the setting, the value and what is accepted:
 4. the federation and the data, when the number of partitions is known
    (:func:`data_problems`): ``min-train-nodes``, the split, and the server's
    own data (found, labelled, not empty, and brought to the clients' input
-   shape).
+   shape);
+5. the trackers ``tracking`` names (:func:`fedweigh.tracking.tracking_problems`):
+   their packages installed, so that a missing one is named, with what to
+   install, before anything trains.
 
 Example
 -------
@@ -57,6 +60,7 @@ from fedweigh.settings import FLOAT32_MAX, Catalog, Settings, SettingsError, val
 from fedweigh.strategies.build import train_instruction
 from fedweigh.strategies.registry import UPDATES
 from fedweigh.strategies.updates import WeightedMean
+from fedweigh.tracking import tracking_problems
 
 
 def catalog() -> Catalog:
@@ -323,7 +327,7 @@ def check_run(run_config: Mapping[str, Any], num_partitions: int | None = None) 
         The federation's size; without it the data split is not checked.
     """
     settings = parse_settings(run_config)
-    problems = dataset_problems(settings) or combination_problems(settings)
+    problems = (dataset_problems(settings) or combination_problems(settings)) + tracking_problems(settings)
     if num_partitions is not None and settings.min_train_nodes > num_partitions:
         problems.append(
             f"min-train-nodes = {settings.min_train_nodes} waits for more nodes than the federation's "

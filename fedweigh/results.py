@@ -11,6 +11,11 @@ Each run writes one folder, ``<output-dir>/<run-name>/``::
     checkpoint.pt      the latest round's global model and strategy state
     model.pt           the final global model (a PyTorch state_dict)
     summary.json       final and best accuracy, final loss, rounds, seconds
+    tensorboard/       with tracking = "tensorboard": the rounds as TensorBoard events
+    mlflow-run.json    with tracking = "mlflow": the MLflow run that mirrors this folder
+
+Every row of metrics.jsonl also goes to the run's trackers as it is written
+(:mod:`fedweigh.tracking`).
 
 A run started with ``resume-from=<run folder>`` continues in that folder from
 its checkpoint; because client sampling and client seeds depend only on (seed,
@@ -45,6 +50,7 @@ import numpy as np
 import torch
 
 from fedweigh.protocol import TIMING_KEYS
+from fedweigh.tracking import RunStatus, TrackedRun, Trackers
 
 logger = logging.getLogger("flwr.fedweigh")
 
@@ -273,10 +279,11 @@ def _jsonable(value: Any) -> Any:
 
 
 class RunRecorder:
-    """Writes a run's folder as the run goes."""
+    """Writes a run's folder as the run goes, and hands every round's row to the run's trackers."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, trackers: Trackers | None = None) -> None:
         self.run_dir = run_dir
+        self.trackers = trackers or Trackers()
         self.started = time.perf_counter()
         self.last_mark = self.started
         self.accuracies: dict[int, float] = {}
@@ -314,6 +321,8 @@ class RunRecorder:
                     if row.get("accuracy") is not None:
                         self.accuracies[row["round"]] = row["accuracy"]
         metrics.write_text("".join(line + "\n" for line in kept))
+        self.trackers.start(TrackedRun(self.run_dir.name, self.run_dir, config["settings"], resumed_round))
+        self.last_mark = time.perf_counter()  # round 1's seconds are the round's, not the trackers' start-up
 
     def record_round(self, row: dict[str, Any], num_rounds: int) -> None:
         """Append one round to metrics.jsonl and print a progress line."""
@@ -322,8 +331,10 @@ class RunRecorder:
         self.last_mark = now
         if row.get("accuracy") is not None:
             self.accuracies[row["round"]] = row["accuracy"]
+        written = _jsonable(row)
         with (self.run_dir / METRICS_FILE).open("a") as handle:
-            handle.write(json.dumps(_jsonable(row)) + "\n")
+            handle.write(json.dumps(written) + "\n")
+        self.trackers.log_round(written)
         self.last_round = max(self.last_round, int(row["round"]))
         if row.get("accuracy") is None:  # not an evaluation round (evaluate-every)
             logger.info("[fedweigh] round %d/%d  %.1fs", row["round"], num_rounds, row["seconds"])
@@ -349,7 +360,13 @@ class RunRecorder:
             "run_dir": str(self.run_dir),
         }
         (self.run_dir / SUMMARY_FILE).write_text(json.dumps(_jsonable(summary), indent=2))
+        self.trackers.finish("FINISHED")
         return summary
+
+    def fail(self, error: BaseException) -> None:
+        """The run stopped with ``error``: end the trackers' runs as ``KILLED`` (interrupted) or ``FAILED``."""
+        status: RunStatus = "KILLED" if isinstance(error, KeyboardInterrupt | SystemExit) else "FAILED"
+        self.trackers.finish(status)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

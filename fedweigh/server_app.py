@@ -6,7 +6,8 @@ test split, learns which partition each node holds, checks that the data can
 be split that many ways, then runs the strategy with central evaluation after
 every round. Every round is written to the run folder
 (:mod:`fedweigh.results`) with a checkpoint, so a run can be resumed with
-``resume-from``.
+``resume-from``, and to the trackers ``tracking`` names (:mod:`fedweigh.tracking`:
+TensorBoard, MLflow), which are told how the run ended.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.build import build_strategy
 from fedweigh.strategies.replay import ReplayGrid
 from fedweigh.strategies.sampling import NodeDirectory
+from fedweigh.tracking import open_trackers
 
 logger = logging.getLogger("flwr.fedweigh")
 
@@ -156,21 +158,24 @@ def main(grid: Grid, context: Context) -> None:
         if "duplicate" in strategy.faults.kinds:
             grid = ReplayGrid(grid)  # the transport's fault: some replies delivered twice
 
-    recorder = RunRecorder(run_dir)
+    recorder = RunRecorder(run_dir, open_trackers(settings, run_dir))
     recorder.begin(settings.model_dump(by_alias=True), start_round, instruction=strategy.recipe)
     logger.info("[fedweigh] results: %s", run_dir)
-    result = strategy.start(
-        grid=grid,
-        initial_arrays=initial,
-        num_rounds=settings.num_server_rounds - start_round,
-        timeout=settings.round_timeout,
-        evaluate_fn=central_evaluation(settings, test, strategy, recorder, run_dir, model),
-    )
-
-    final_round = max(result.evaluate_metrics_serverapp, default=None)
-    final = dict(result.evaluate_metrics_serverapp[final_round]) if final_round else {}
-    final_arrays = result.arrays if result.arrays is not None else initial
-    summary = recorder.finish(final_arrays.to_torch_state_dict(), final)
+    try:
+        result = strategy.start(
+            grid=grid,
+            initial_arrays=initial,
+            num_rounds=settings.num_server_rounds - start_round,
+            timeout=settings.round_timeout,
+            evaluate_fn=central_evaluation(settings, test, strategy, recorder, run_dir, model),
+        )
+        final_round = max(result.evaluate_metrics_serverapp, default=None)
+        final = dict(result.evaluate_metrics_serverapp[final_round]) if final_round else {}
+        final_arrays = result.arrays if result.arrays is not None else initial
+        summary = recorder.finish(final_arrays.to_torch_state_dict(), final)
+    except BaseException as err:
+        recorder.fail(err)  # the trackers' runs end FAILED (KILLED when interrupted)
+        raise
     logger.info(
         "[fedweigh] done: final accuracy %.4f after %d rounds; results in %s",
         summary["final_accuracy"] if summary["final_accuracy"] is not None else float("nan"),

@@ -248,6 +248,10 @@ class FedFTSettings(_Section):
     batch_size: int = Field(64, ge=1)
 
 
+TRACKERS = ("tensorboard", "mlflow")
+"""What ``tracking`` may name, comma-separated (or ``none``); :mod:`fedweigh.tracking` says what each one writes."""
+
+
 FAULT_KINDS = (
     "exception",
     "stall",
@@ -327,6 +331,11 @@ class Settings(_Section):
     output_dir: str = "outputs"
     run_name: str = ""
     resume_from: str = ""
+    # experiment tracking (the ServerApp logs every round's record to these as well as to metrics.jsonl)
+    tracking: str = "none"  # none, or comma-separated TRACKERS: tensorboard, mlflow
+    tensorboard_dir: str = ""  # TensorBoard's event folder; "": <run folder>/tensorboard
+    tracking_uri: str = ""  # MLflow's tracking URI; "": sqlite:///<output dir>/mlflow.db (beside the run folders)
+    tracking_experiment: str = ""  # MLflow's experiment; "": fedweigh (an experiment grid: its name)
     # data
     dataset: str = "digits"
     partitioner: Literal["iid", "dirichlet", "pathological", "shard"] = "dirichlet"
@@ -412,6 +421,17 @@ class Settings(_Section):
             raise ValueError(f"unknown client step(s) {unknown}; accepted: {', '.join(sorted(accepted or []))}")
         return value
 
+    @field_validator("tracking")
+    @classmethod
+    def _known_trackers(cls, value: str) -> str:
+        names = step_names(value)
+        unknown = [name for name in names if name not in (*TRACKERS, "none")]
+        if unknown or not names or ("none" in names and len(names) > 1) or len(set(names)) < len(names):
+            problem = f"unknown tracker {', '.join(map(repr, unknown))}" if unknown else "not a choice of trackers"
+            both = ",".join(TRACKERS)
+            raise ValueError(f"{problem}; accepted: none, {', '.join(TRACKERS)}, or both comma-separated ({both})")
+        return value
+
     @field_validator("server_data")
     @classmethod
     def _known_server_data(cls, value: str, info: ValidationInfo) -> str:
@@ -485,6 +505,12 @@ class Settings(_Section):
         if self.model_input_size:
             options["input_size"] = self.model_input_size
         return options
+
+    @property
+    def tracker_names(self) -> tuple[str, ...]:
+        """The trackers ``tracking`` names, in :data:`TRACKERS` order (empty for ``none``)."""
+        names = step_names(self.tracking)
+        return tuple(name for name in TRACKERS if name in names)
 
     @property
     def lora_target_names(self) -> tuple[str, ...]:
@@ -576,6 +602,22 @@ def _nest(flat: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             else:
                 node[parts[-1]] = value
     return nested, problems
+
+
+def flatten(tables: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested tables to Flower's flat run-config keys (``fedoui.window``): what :func:`nest` undoes.
+
+    >>> flatten({"seed": 1, "fedoui": {"window": 5}})
+    {'seed': 1, 'fedoui.window': 5}
+    """
+    flat: dict[str, Any] = {}
+    for key, value in tables.items():
+        full = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, full))
+        else:
+            flat[full] = value
+    return flat
 
 
 def nest(flat: Mapping[str, Any]) -> dict[str, Any]:

@@ -27,9 +27,10 @@ from fedweigh.experiments.grid import (
 )
 from fedweigh.experiments.plots import draw_all, weight_matrix
 from fedweigh.experiments.report import SamplingMismatchError, mean_std, write_report
-from fedweigh.experiments.runner import GridProgress, parse_round_line, run_experiment
+from fedweigh.experiments.runner import run_experiment
 from fedweigh.experiments.runs import accuracy_auc, collect_results, run_scores
 from fedweigh.experiments.spec import ExperimentError, load_experiment, parse_reported
+from fedweigh.launch.progress import RunsProgress, parse_round_line
 from fedweigh.launch.runconfig import load_app_config
 from fedweigh.results import CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, Checkpoint
 
@@ -305,7 +306,7 @@ def test_progress_shows_runs_round_and_time_left(tmp_path):
     plans = plan_grid(runs)
     now = [0.0]
     out = io.StringIO()
-    progress = GridProgress(plans, out=out, clock=lambda: now[0])
+    progress = RunsProgress(plans, out=out, clock=lambda: now[0])
     progress.start_run(plans[1])
     for round_number, at in ((1, 30.0), (2, 32.0), (3, 34.0)):
         now[0] = at
@@ -323,7 +324,7 @@ def test_time_left_counts_the_rounds_between_lines_when_only_every_few_rounds_pr
     _, runs = planned(tmp_path)
     plans = plan_grid(runs)
     now = [0.0]
-    progress = GridProgress(plans, out=io.StringIO(), clock=lambda: now[0])
+    progress = RunsProgress(plans, out=io.StringIO(), clock=lambda: now[0])
     progress.start_run(plans[0])
     for round_number, at in ((10, 30.0), (20, 50.0), (30, 70.0)):  # evaluate-every = 10: 2 s a round
         now[0] = at

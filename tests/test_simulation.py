@@ -231,9 +231,12 @@ def test_fedweigh_simulate_with_fedprox_training_and_fednolowe_weights(tmp_path,
     code = main(
         ["simulate", "--app", str(REPO), "--port", str(free_port()), "--num-supernodes", "4", "--run-config", config]
     )
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert code == 0, printed
     assert "finished:completed" in printed and f"results: {tmp_path / 'cli'}" in printed
+    # Flower's log on stdout, the progress line (the round, time left) on stderr
+    assert "[fedweigh] round 2/2  accuracy" in printed and "[simulate] cli: round 2/2 acc" in captured.err
     rows = read_metrics(tmp_path / "cli")
     for row in rows:
         losses = np.array([client["train_loss"] for client in row["clients"]])

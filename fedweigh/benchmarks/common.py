@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -389,9 +390,19 @@ def run_timed(
     num_supernodes: int,
     cpus_per_client: int = 1,
     on_line: Callable[[str], None] | None = None,
+    show_progress: bool = True,
 ) -> TimedRun:
-    """Submit a run on ``sim`` (a started LocalSimulation), timing its milestones from the log."""
+    """Submit a run on ``sim`` (a started LocalSimulation), timing its milestones from the log.
+
+    With ``show_progress``, a progress line (the round, time left) goes to stderr.
+    """
+    from fedweigh.launch.progress import PendingRun, RunsProgress
+    from fedweigh.launch.runconfig import load_app_config
     from fedweigh.results import read_metrics
+
+    rounds = run_config.get("num-server-rounds") or load_app_config(APP_DIR)["num-server-rounds"]
+    run = PendingRun(str(run_config.get("run-name") or "run"), int(rounds))
+    progress = RunsProgress([run], label="benchmark", out=sys.stderr) if show_progress else None
 
     marks: dict[str, float] = {}
     rounds: dict[int, float] = {}
@@ -407,12 +418,18 @@ def run_timed(
             rounds[int(match.group(1))] = now
         if (query := parse_node_query(line)) is not None:
             queries.append(query)
+        if progress is not None:
+            progress.on_line(line)
         if on_line is not None:
             on_line(line)
 
+    if progress is not None:
+        progress.start_run(run)
     outcome = sim.run(
         dict(run_config), num_supernodes=num_supernodes, cpus_per_client=cpus_per_client, echo=False, on_line=watch
     )
+    if progress is not None:
+        progress.finish_run(outcome.ok)
     wall = outcome.timings.get("total_s", time.monotonic() - started)
     rows = read_metrics(outcome.results_dir) if outcome.results_dir and outcome.results_dir.exists() else []
     return TimedRun(outcome.status, outcome.results_dir, wall, marks, rounds, dict(outcome.timings), rows, queries)

@@ -77,10 +77,15 @@ def default_output_dir(
 ) -> Path:
     """``outputs/experiments/<name>``; overrides get their own folder so that runs never mix.
 
-    >>> default_output_dir("grid", None, [1, 2], {"fraction-train": 0.2}).as_posix()
+    Tracking settings change where the rounds are shown, not the runs: they keep the folder.
+
+    >>> default_output_dir("grid", None, [1, 2], {"fraction-train": 0.2, "tracking": "tensorboard"}).as_posix()
     'outputs/experiments/grid-fraction-train0.2-seeds1_2'
     """
-    suffix = "".join(f"-{key}{value}" for key, value in (settings or {}).items())
+    from fedweigh.experiments.grid import TRACKING_SETTINGS
+
+    shown = {key: value for key, value in (settings or {}).items() if key not in TRACKING_SETTINGS}
+    suffix = "".join(f"-{key}{value}" for key, value in shown.items())
     if rounds is not None:
         suffix += f"-rounds{rounds}"
     if seeds is not None:
@@ -153,10 +158,11 @@ def add_experiment_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     """Handler of ``fedweigh experiment ...``; returns the exit code."""
-    from fedweigh.experiments.grid import Action
+    from fedweigh.experiments.grid import Action, tracking_commands
     from fedweigh.experiments.report import SamplingMismatchError, write_report
-    from fedweigh.experiments.runner import data_problems, format_duration, plan_experiment, run_experiment
+    from fedweigh.experiments.runner import data_problems, plan_experiment, run_experiment
     from fedweigh.experiments.spec import ExperimentError, load_experiment
+    from fedweigh.launch.progress import format_duration
 
     app = (args.app or default_app_dir()).expanduser().resolve()
     try:
@@ -212,6 +218,8 @@ def run_command(args: argparse.Namespace) -> int:
     if report is not None:
         print(f"\ndone in {format_duration(elapsed)}; results in {output_dir}\n")
         print(report.summary_md.read_text(encoding="utf-8"))
+    for command in tracking_commands([plan.run for plan in plans], defaults):
+        print(f"watch: {command}")
     if outcome.failed:
         print(f"fedweigh: {len(outcome.failed)} run(s) failed: {', '.join(outcome.failed)}", file=sys.stderr)
         return 1

@@ -15,6 +15,12 @@ A folder whose recorded settings differ from what the experiment now asks
 for (someone edited the file) is never silently reused: planning fails and
 names the run and the settings that differ.
 
+With tracking on (``tracking``), every run of the grid logs into one
+TensorBoard folder, ``<output-dir>/tensorboard/<arm>-seed<k>`` (or under the
+file's ``tensorboard-dir``), and one MLflow experiment named after the
+experiment, in one store (``<output-dir>/mlflow.db`` unless the file gives a
+``tracking-uri``), so that the arms overlay in either UI.
+
 Runs go seed by seed (all arms of seed 1, then of seed 2, ...), so a grid
 stopped half-way already holds paired comparisons.
 
@@ -39,8 +45,10 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedweigh.experiments.spec import Experiment, ExperimentError, flatten_tables
+from fedweigh.experiments.spec import Experiment, ExperimentError
 from fedweigh.results import CHECKPOINT_FILE, CONFIG_FILE, SUMMARY_FILE, Checkpoint
+from fedweigh.settings import flatten
+from fedweigh.tracking import TENSORBOARD_FOLDER, local_store
 
 if TYPE_CHECKING:
     from fedweigh.settings import Settings
@@ -48,11 +56,13 @@ if TYPE_CHECKING:
 __all__ = [
     "RUNS_FOLDER",
     "RUN_RECORD_FILE",
+    "TRACKING_SETTINGS",
     "Action",
     "PlannedRun",
     "RunPlan",
     "expand_grid",
     "expected_settings",
+    "grid_tracking",
     "run_settings",
     "inspect_run",
     "plan_grid",
@@ -60,14 +70,18 @@ __all__ = [
     "record_segment",
     "run_name",
     "settings_differences",
+    "tracking_commands",
 ]
 
 RUNS_FOLDER = "runs"
 RUN_RECORD_FILE = "experiment-run.json"
 """Written by the runner in each run folder: arm, seed, and the wall time of every ``flwr run`` segment."""
 
+TRACKING_SETTINGS = frozenset({"tracking", "tensorboard-dir", "tracking-uri", "tracking-experiment"})
+"""Where a run's rounds are shown, not what they are: they may change on resuming, and name no output folder."""
+
 # Settings that legitimately differ between a run's first segment and its resumption.
-_RUN_SPECIFIC = frozenset({"output-dir", "run-name", "resume-from", "num-server-rounds"})
+_RUN_SPECIFIC = frozenset({"output-dir", "run-name", "resume-from", "num-server-rounds"}) | TRACKING_SETTINGS
 
 
 def run_name(arm: str, seed: int) -> str:
@@ -114,11 +128,13 @@ def expand_grid(experiment: Experiment, output_dir: Path, app_defaults: Mapping[
     for seed in experiment.seeds:
         for arm in experiment.arms:
             name = run_name(arm.name, seed)
+            arm_config = experiment.arm_configs[arm.name]
             config = {
-                **experiment.arm_configs[arm.name],
+                **arm_config,
                 "seed": seed,
                 "output-dir": str(runs_root),
                 "run-name": name,
+                **grid_tracking({**app_defaults, **arm_config}, Path(output_dir), name, experiment.name),
             }
             planned.append(
                 PlannedRun(
@@ -131,6 +147,47 @@ def expand_grid(experiment: Experiment, output_dir: Path, app_defaults: Mapping[
                 )
             )
     return planned
+
+
+def grid_tracking(config: Mapping[str, Any], output_dir: Path, name: str, experiment: str) -> dict[str, Any]:
+    """Where run ``name`` of a grid tracks: one TensorBoard folder and one MLflow experiment for the whole grid.
+
+    Empty when ``config`` (the run's full config) tracks nothing.
+
+    >>> grid_tracking({"tracking": "tensorboard", "tensorboard-dir": "", "tracking-uri": "",
+    ...                "tracking-experiment": ""}, Path("/grid"), "a-seed1", "demo")
+    {'tensorboard-dir': '/grid/tensorboard/a-seed1', 'tracking-uri': 'sqlite:////grid/mlflow.db', \
+'tracking-experiment': 'demo'}
+    """
+    if str(config.get("tracking", "none")).strip() in ("", "none"):
+        return {}
+    folder = Path(str(config.get("tensorboard-dir") or output_dir / TENSORBOARD_FOLDER))
+    return {
+        "tensorboard-dir": str(folder / name),
+        "tracking-uri": str(config.get("tracking-uri") or local_store(output_dir)),
+        "tracking-experiment": str(config.get("tracking-experiment") or experiment),
+    }
+
+
+def tracking_commands(runs: Sequence[PlannedRun], app_defaults: Mapping[str, Any]) -> list[str]:
+    """How to open what the grid's runs track: one command per tracker they use.
+
+    >>> run = PlannedRun("a", "fedavg", 1, 2, Path("/g/runs/a-seed1"), {"tracking": "tensorboard",
+    ...     **grid_tracking({"tracking": "tensorboard"}, Path("/g"), "a-seed1", "demo")})
+    >>> tracking_commands([run], {})
+    ['tensorboard --logdir /g/tensorboard']
+    """
+    commands: dict[str, str] = {}
+    for run in runs:
+        config = {**app_defaults, **run.run_config}
+        names = [name.strip() for name in str(config.get("tracking", "none")).split(",")]
+        if "tensorboard" in names:
+            commands["tensorboard"] = f"tensorboard --logdir {Path(str(config['tensorboard-dir'])).parent}"
+        if "mlflow" in names:
+            uri, experiment = config["tracking-uri"], config["tracking-experiment"]
+            where = f"mlflow ui --backend-store-uri {uri}" if str(uri).startswith("sqlite:") else f"MLflow at {uri}"
+            commands["mlflow"] = f"{where}  (experiment {experiment!r}; the UI comes with pip install mlflow)"
+    return list(commands.values())
 
 
 class Action(Enum):
@@ -159,6 +216,14 @@ class RunPlan:
     action: Action
     done_rounds: int = 0
     note: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.run.name
+
+    @property
+    def rounds(self) -> int:
+        return self.run.rounds
 
     @property
     def run_config(self) -> dict[str, Any]:
@@ -195,7 +260,7 @@ def settings_differences(recorded: Mapping[str, Any], expected: Mapping[str, Any
     >>> settings_differences({"seed": 1, "fedoui": {"window": 1}}, {"seed": 1, "fedoui": {"window": 5}})
     ['fedoui.window: 1 in the folder, 5 now']
     """
-    old, new = flatten_tables(recorded), flatten_tables(expected)
+    old, new = flatten(recorded), flatten(expected)
     differences = []
     for key in sorted(set(old) & set(new) - _RUN_SPECIFIC):
         if _normalized(old[key]) != _normalized(new[key]):

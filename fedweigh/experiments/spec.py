@@ -61,6 +61,8 @@ from pydantic import (
     field_validator,
 )
 
+from fedweigh.settings import flatten
+
 __all__ = [
     "RESERVED_KEYS",
     "SCORE_NAMES",
@@ -70,7 +72,6 @@ __all__ = [
     "ExperimentSection",
     "ExperimentSpec",
     "Reported",
-    "flatten_tables",
     "load_experiment",
     "parse_reported",
 ]
@@ -133,22 +134,6 @@ def parse_reported(value: Any) -> Reported:
         except ValueError:
             pass
     raise ValueError(f"cannot read {value!r}; {accepted}")
-
-
-def flatten_tables(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested TOML tables to Flower's flat run-config keys (``fedoui.window``).
-
-    >>> flatten_tables({"seed": 1, "fedoui": {"window": 5}})
-    {'seed': 1, 'fedoui.window': 5}
-    """
-    flat: dict[str, Any] = {}
-    for key, value in table.items():
-        full = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
-            flat.update(flatten_tables(value, full))
-        else:
-            flat[full] = value
-    return flat
 
 
 def _dashed(name: str) -> str:
@@ -308,7 +293,7 @@ def _config_problems(
     from fedweigh.settings import SettingsError
 
     problems: list[str] = []
-    base = flatten_tables(spec.base)
+    base = flatten(spec.base)
     for key in sorted(base):
         if key in RESERVED_KEYS:
             problems.append(f"base: {key} is set by the experiment runner (use [[arms]] strategy / [experiment] seeds)")
@@ -321,7 +306,7 @@ def _config_problems(
         if arm.strategy not in known_strategies:
             problems.append(f"{label}: strategy = {arm.strategy!r}: unknown; accepted: {', '.join(known_strategies)}")
             continue
-        overrides = flatten_tables(arm.overrides)
+        overrides = flatten(arm.overrides)
         bad = False
         for key in sorted(overrides):
             if key in RESERVED_KEYS:

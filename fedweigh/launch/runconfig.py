@@ -27,9 +27,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fedweigh.settings import flatten
+
 # Run-config keys holding local paths that are made absolute when they exist
 # relative to the current working directory (the apps run in other cwds).
 PATH_KEYS_IF_EXISTING = ("dataset", "resume-from")
+# Run-config keys naming folders a run writes into, made absolute when given (as output-dir always is).
+WRITTEN_PATH_KEYS = ("tensorboard-dir",)
 
 # Characters a TOML string cannot hold as they are (a tab it can).
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -111,7 +115,7 @@ def parse_run_config(args: Iterable[str] | None) -> dict[str, Any]:
         return {}
     if len(args) == 1 and args[0].endswith(".toml"):
         with Path(args[0]).expanduser().open("rb") as fh:
-            return _flatten(tomllib.load(fh))
+            return flatten(tomllib.load(fh))
     out: dict[str, Any] = {}
     for arg in args:
         if arg.endswith(".toml"):
@@ -149,18 +153,7 @@ def load_app_config(app_dir: Path) -> dict[str, Any]:
     except FileNotFoundError as err:
         raise SimulationError(f"no pyproject.toml in {app_dir}") from err
     config = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {})
-    return _flatten(config)
-
-
-def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in d.items():
-        full = f"{prefix}.{key}" if prefix else key
-        if isinstance(value, Mapping):
-            out.update(_flatten(value, full))
-        else:
-            out[full] = value
-    return out
+    return flatten(config)
 
 
 def resolve_output_dir(value: str | os.PathLike[str] | None, cwd: Path) -> Path:
@@ -212,7 +205,8 @@ def prepare_run_config(
       ``cwd`` (default ``<cwd>/outputs``);
     - ``run-name`` (if the app has it) defaults to ``<strategy>-<UTC timestamp>``,
       with ``-2``, ``-3``, ... appended if that results folder already exists;
-    - ``dataset``/``resume-from`` given as relative paths that exist are made absolute.
+    - ``dataset``/``resume-from`` given as relative paths that exist are made absolute;
+    - ``tensorboard-dir``, when given, is made absolute against ``cwd``.
     """
     cwd = Path(cwd)
     unknown = sorted(set(overrides) - set(app_defaults))
@@ -231,6 +225,9 @@ def prepare_run_config(
     for key in PATH_KEYS_IF_EXISTING:
         if key in cfg:
             cfg[key] = resolve_dataset(cfg[key], cwd)
+    for key in WRITTEN_PATH_KEYS:
+        if cfg.get(key):
+            cfg[key] = str(resolve_output_dir(cfg[key], cwd))
 
     if "output-dir" in app_defaults:
         out = resolve_output_dir(cfg.get("output-dir", app_defaults["output-dir"]), cwd)
