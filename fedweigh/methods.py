@@ -65,6 +65,12 @@ METHODS: dict[str, Method] = {
         Method("fedalign", "fedalign", meaning="FedAlign (the FedOUI paper's baseline): update-alignment weights"),
         Method("fednolowe", "fednolowe", meaning="FedNolowe: normalised-loss weights"),
         Method("fedasl", "fedasl", meaning="FedAsl (the FedNolowe paper's baseline): loss-deviation weights"),
+        Method(
+            "fedma-simplified",
+            "uniform",
+            update="fedma-simplified",
+            meaning="the FedNolowe authors' code's 'FedMa' (not FedMA): rows matched to one client's, uniform mean",
+        ),
         Method("ufl", "uagg", steps=("ufl",), meaning="UFL: uncertainty-weighted local loss, U-Agg weights"),
         Method("ufl-fedavg", "sample-count", steps=("ufl",), meaning="UFL's local loss with FedAvg's weights"),
         Method("flood", "dac", steps=("asw",), meaning="FLood: pseudo-OOD samples weighted by λ(t) (ASW), DAC weights"),

@@ -134,6 +134,7 @@ def combination_problems(settings: Settings) -> list[str]:
             "accepted: sizes that fit in memory",
         ]
     problems += _memory_problems(settings, plan, model)
+    problems += update.model_problems(settings, model)
     if plan.steps:
         instruction = train_instruction(settings, plan)
         for name, origin in plan.steps:

@@ -4,8 +4,10 @@ Each run writes one folder, ``<output-dir>/<run-name>/``::
 
     config.json        the resolved settings (defaults filled in), the train
                        instruction every client receives, and versions
-    metrics.jsonl      one JSON object per round: central accuracy and loss,
-                       mean client train loss, round seconds, the sampled
+    metrics.jsonl      one JSON object per round: central accuracy, top-5
+                       accuracy, loss, macro- and weighted F1, the clients'
+                       train loss (weighted by n_k, and unweighted), round
+                       seconds, the sampled
                        partitions, each client's weight and signals, the
                        clients left out and why, the rule's diagnostics
     checkpoint.pt      the latest round's global model and strategy state
@@ -40,7 +42,7 @@ import platform
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,7 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedweigh.protocol import TIMING_KEYS
+from fedweigh.protocol import TIMING_KEYS, TRAIN_LOSS
 from fedweigh.tracking import RunStatus, TrackedRun, Trackers
 
 logger = logging.getLogger("flwr.fedweigh")
@@ -59,6 +61,18 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_FILE = "checkpoint.pt"
 MODEL_FILE = "model.pt"
 SUMMARY_FILE = "summary.json"
+
+CLIENT_NUM_EXAMPLES = "num_examples"
+"""metrics.jsonl: a client entry's training sample count n_k (each entry also holds its ``train_loss``)."""
+WEIGHTED_F1 = "weighted_f1"
+"""metrics.jsonl: the global model's test F1 averaged over the classes by support (scikit-learn's
+``average="weighted"``; the FedNolowe paper's F1), beside ``macro_f1``."""
+TOP5_ACCURACY = "top5_accuracy"
+"""metrics.jsonl: the share of test samples whose label is among the model's 5 largest logits (absent with
+fewer than 5 classes)."""
+TRAIN_LOSS_UNWEIGHTED = "train_loss_unweighted"
+"""metrics.jsonl: the unweighted mean of the aggregated clients' train losses (the FedNolowe paper's "training
+loss"), beside ``train_loss``, the same losses weighted by the clients' sample counts n_k."""
 
 TIMING_FIELDS = ("seconds", *TIMING_KEYS)
 """The fields of metrics.jsonl and summary.json that measure wall time; everything else is determined
@@ -246,6 +260,22 @@ def _describe(payload: Mapping[Any, Any]) -> str:
     if keys and all(isinstance(value, torch.Tensor) for value in payload.values()):
         return f"a dict of {len(keys)} tensors (a model's state_dict?): {shown}"
     return f"a dict with keys {shown}" if keys else "an empty dict"
+
+
+def round_train_loss(clients: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """The train loss of a round's aggregated clients: weighted by n_k, and unweighted (None without clients).
+
+    ``Σ n_k L_k / Σ n_k`` under ``train_loss``, ``Σ L_k / K`` under
+    :data:`TRAIN_LOSS_UNWEIGHTED`; each client entry holds ``train_loss`` and ``num_examples``.
+
+    >>> round_train_loss([{"train_loss": 1.0, "num_examples": 30}, {"train_loss": 2.0, "num_examples": 10}])
+    {'train_loss': 1.25, 'train_loss_unweighted': 1.5}
+    """
+    if not clients:
+        return {TRAIN_LOSS: None, TRAIN_LOSS_UNWEIGHTED: None}
+    losses = np.array([client[TRAIN_LOSS] for client in clients], dtype=np.float64)
+    sizes = np.array([client[CLIENT_NUM_EXAMPLES] for client in clients], dtype=np.float64)
+    return {TRAIN_LOSS: float(np.average(losses, weights=sizes)), TRAIN_LOSS_UNWEIGHTED: float(losses.mean())}
 
 
 def default_run_name(strategy: str) -> str:

@@ -13,6 +13,7 @@ TensorBoard, MLflow), which are told how the run ended.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,7 +27,14 @@ from fedweigh.data.tensors import ImageTensors
 from fedweigh.models import on_device
 from fedweigh.models.finetuning import exchanged_state, frozen_digest, load_exchanged_state
 from fedweigh.preflight import check_run, data_problems
-from fedweigh.results import Checkpoint, RunRecorder, resolve_run_dir
+from fedweigh.results import (
+    TOP5_ACCURACY,
+    WEIGHTED_F1,
+    Checkpoint,
+    RunRecorder,
+    resolve_run_dir,
+    round_train_loss,
+)
 from fedweigh.settings import Settings, SettingsError
 from fedweigh.strategies.aggregation import decode
 from fedweigh.strategies.base import WeightedFedAvg
@@ -73,15 +81,14 @@ def central_evaluation(
                     "loss": result.loss,
                     "macro_f1": result.macro_f1,
                     "prediction_share": result.prediction_share,
+                    WEIGHTED_F1: result.weighted_f1,
                 }
             )
+            if math.isfinite(result.top5_accuracy):  # at least TOP_K classes
+                row[TOP5_ACCURACY] = result.top5_accuracy
+        row.update(round_train_loss(clients))
         row.update(
             {
-                "train_loss": (
-                    sum(c["train_loss"] * c["num_examples"] for c in clients) / sum(c["num_examples"] for c in clients)
-                    if clients
-                    else None
-                ),
                 "sampled": record.sampled if record else [],
                 "clients": clients,
                 "left_out": record.left_out if record else {},

@@ -137,6 +137,12 @@ class FedAslSettings(_Section):
     beta: float = Field(0.2, gt=0.0, allow_inf_nan=False)
 
 
+class FedMASimplifiedSettings(_Section):
+    """``[fedma-simplified]``: the FedNolowe authors' simplified matching (see :mod:`fedweigh.strategies.fedma`)."""
+
+    skip_layers: str = ""  # comma-separated layers averaged without matching; "fc3": lenet5's output, as the authors
+
+
 class FedOUISettings(_Section):
     """``[fedoui]``: FedOUI's aggregation rule (see :mod:`fedweigh.rules.fedoui`)."""
 
@@ -391,6 +397,7 @@ class Settings(_Section):
     oui: OUIProbeSettings = OUIProbeSettings()
     fedalign: FedAlignSettings = FedAlignSettings()
     fedasl: FedAslSettings = FedAslSettings()
+    fedma_simplified: FedMASimplifiedSettings = FedMASimplifiedSettings()
     ufl: UFLSettings = UFLSettings()
     uagg: UAggSettings = UAggSettings()
     flood: FLoodSettings = FLoodSettings()

@@ -32,7 +32,11 @@ from fedweigh.experiments.runs import accuracy_auc, collect_results, run_scores
 from fedweigh.experiments.spec import ExperimentError, load_experiment, parse_reported
 from fedweigh.launch.progress import RunsProgress, parse_round_line
 from fedweigh.launch.runconfig import load_app_config
+from fedweigh.protocol import TRAIN_LOSS
 from fedweigh.results import CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, Checkpoint
+from fedweigh.results import TOP5_ACCURACY as TOP5
+from fedweigh.results import TRAIN_LOSS_UNWEIGHTED as UNWEIGHTED_LOSS
+from fedweigh.results import WEIGHTED_F1 as WEIGHTED
 
 DEFAULTS = load_app_config(REPO)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -193,6 +197,22 @@ def test_a_file_that_is_not_toml_is_named(tmp_path):
     path.write_text("[experiment\n")
     with pytest.raises(ExperimentError, match="broken.toml is not valid TOML"):
         load_experiment(path, DEFAULTS)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "experiments").glob("*.toml")), ids=lambda path: path.name)
+def test_every_experiment_file_is_valid(path):
+    experiment = load_experiment(path, DEFAULTS)
+    assert experiment.arms and experiment.seeds
+
+
+def test_the_fednolowe_files_run_the_papers_baselines():
+    for name in ("mnist", "mnist_cpu", "fmnist", "cifar10"):
+        experiment = load_experiment(REPO / "experiments" / f"fednolowe_{name}.toml", DEFAULTS)
+        arms = {arm.name: arm for arm in experiment.arms}
+        assert set(arms) == {"fedavg", "fedprox", "fedprox-nk", "fedasl", "uniform", "fednolowe", "fedma-simplified"}
+        assert arms["fedprox"].overrides["aggregation"] == "uniform"  # the paper's FedProx: the plain mean
+        assert "aggregation" not in arms["fedprox-nk"].overrides  # FedProx's own: weighted by sample count
+        assert arms["fedprox"].overrides["fedprox.proximal-mu"] == arms["fedprox-nk"].overrides["fedprox.proximal-mu"]
 
 
 def test_the_smoke_experiment_file_is_valid():
@@ -411,6 +431,46 @@ def test_results_csv_and_summary_hold_the_scores_and_the_papers_numbers(tmp_path
     summary = write_report(experiment, runs, tmp_path, plots=False).summary_md.read_text()
     assert "over the file: `fraction-train = 0.3`." in summary
     assert "not necessarily for the values set with `--set`" in summary
+
+
+def test_results_csv_and_summary_hold_the_fednolowe_papers_metrics(tmp_path):
+    experiment, runs = planned(tmp_path, base={"num-server-rounds": 6, "fraction-train": 0.5})
+    accuracies = [0.1, 0.3, 0.2, 0.4, 0.5, 0.6]
+    for run in runs:
+        write_run(run.run_dir, accuracies, rounds=6)
+        rows = [json.loads(line) for line in (run.run_dir / METRICS_FILE).read_text().splitlines()]
+        for row in rows:
+            row.update({WEIGHTED: row["accuracy"] / 2, TOP5: 0.9})
+            row.update({TRAIN_LOSS: 1.0 / row["round"], UNWEIGHTED_LOSS: 2.0 / row["round"]})
+        rows[2][TRAIN_LOSS] = rows[2][UNWEIGHTED_LOSS] = None  # a round that aggregated nothing
+        (run.run_dir / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    report = write_report(experiment, runs, tmp_path, plots=False)
+    with report.results_csv.open() as handle:
+        first = next(csv.DictReader(handle))
+    assert float(first["final_weighted_f1"]) == pytest.approx(0.3)
+    assert float(first["mean_weighted_f1"]) == pytest.approx(np.mean(accuracies) / 2, abs=1e-6)
+    assert float(first["mean_top5_accuracy"]) == pytest.approx(0.9)
+    rolling = np.mean([np.std(accuracies[:5], ddof=1), np.std(accuracies[1:], ddof=1)])
+    assert float(first["rolling_std_accuracy"]) == pytest.approx(rolling, abs=1e-6)
+    loss = np.mean([1.0, 1 / 2, 1 / 4, 1 / 5, 1 / 6])  # round 3 recorded none
+    assert float(first["mean_train_loss"]) == pytest.approx(loss, abs=1e-6)
+    assert float(first["mean_train_loss_unweighted"]) == pytest.approx(2 * loss, abs=1e-6)
+    summary = report.summary_md.read_text()
+    assert "As the FedNolowe paper reports them" in summary and "accuracy, rolling std" in summary
+    same = " ± 0.0000 | "  # both seeds wrote the same rounds
+    row = f"| fedavg | {rolling:.4f}{same}{np.mean(accuracies) / 2:.4f}{same}0.3000{same}0.9000{same}{loss:.4f}{same}"
+    assert row in summary
+
+
+def test_a_report_of_runs_without_the_new_metrics_leaves_their_cells_empty(tmp_path):
+    experiment, runs = planned(tmp_path)
+    for run in runs:
+        write_run(run.run_dir, [0.2, 0.3, 0.4], rounds=3)  # as runs recorded before these metrics existed
+    report = write_report(experiment, runs, tmp_path, plots=False)
+    with report.results_csv.open() as handle:
+        first = next(csv.DictReader(handle))
+    assert first["mean_weighted_f1"] == first["rolling_std_accuracy"] == first["mean_train_loss"] == ""
+    assert float(first["mean_loss"]) > 0 and "As the FedNolowe paper reports them" not in report.summary_md.read_text()
 
 
 def test_different_client_sampling_fails_the_report_loudly(tmp_path):

@@ -200,6 +200,10 @@ def train_locally(
     )
 
 
+TOP_K = 5
+"""Top-k accuracy is recorded for this k (the FedNolowe paper's top-5), on tasks with at least k classes."""
+
+
 @dataclass(frozen=True)
 class EvalStats:
     """Loss and accuracy of a model on a dataset."""
@@ -209,6 +213,8 @@ class EvalStats:
     num_examples: int
     macro_f1: float = float("nan")
     prediction_share: float = float("nan")  # of the most often predicted class: 1.0 when one class is predicted for all
+    weighted_f1: float = float("nan")
+    top5_accuracy: float = float("nan")  # NaN with fewer than TOP_K classes
 
 
 @torch.no_grad()
@@ -220,10 +226,13 @@ def evaluate(
     batch_size: int = 512,
     precision: str = "off",
 ) -> EvalStats:
-    """Mean cross-entropy and top-1 accuracy, in eval mode, without augmentation (``precision``: autocast)."""
+    """Mean cross-entropy, top-1 and top-:data:`TOP_K` accuracy, macro- and weighted F1, in eval mode.
+
+    No augmentation; ``precision`` picks autocast.
+    """
     model.to(device)
     model.eval()
-    loss_sum, correct = 0.0, 0
+    loss_sum, correct, top_correct, num_classes = 0.0, 0, 0, 0
     predictions, targets = [], []
     for images, labels, _ in batches(data, batch_size, shuffle=False, generator=None):
         with autocast(precision, device):
@@ -232,15 +241,56 @@ def evaluate(
         loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
         predicted = logits.argmax(dim=1)
         correct += int((predicted == labels).sum().item())
+        num_classes = logits.shape[1]
+        if num_classes >= TOP_K:
+            top_correct += top_k_correct(logits, labels, TOP_K)
         predictions.append(predicted.cpu())
         targets.append(labels.cpu())
     count = len(data)
-    predicted_all = torch.cat(predictions) if count else torch.empty(0, dtype=torch.long)
-    f1 = macro_f1(predicted_all, torch.cat(targets)) if count else float("nan")
-    share = float(torch.bincount(predicted_all).max()) / count if count else float("nan")
+    if not count:
+        return EvalStats(loss=float("nan"), accuracy=float("nan"), num_examples=0)
+    predicted_all, target_all = torch.cat(predictions), torch.cat(targets)
+    share = float(torch.bincount(predicted_all).max()) / count
     return EvalStats(
-        loss=loss_sum / count, accuracy=correct / count, num_examples=count, macro_f1=f1, prediction_share=share
+        loss=loss_sum / count,
+        accuracy=correct / count,
+        num_examples=count,
+        macro_f1=macro_f1(predicted_all, target_all),
+        prediction_share=share,
+        weighted_f1=weighted_f1(predicted_all, target_all),
+        top5_accuracy=top_correct / count if num_classes >= TOP_K else float("nan"),
     )
+
+
+def top_k_correct(logits: torch.Tensor, labels: torch.Tensor, k: int) -> int:
+    """How many samples have their label among the ``k`` largest logits (ties: ``torch.topk``'s pick).
+
+    >>> top_k_correct(torch.tensor([[0.1, 0.5, 0.4], [0.7, 0.2, 0.1]]), torch.tensor([2, 2]), 2)
+    1
+    """
+    if not 1 <= k <= logits.shape[1]:
+        raise ValueError(f"top_k_correct: k = {k}; accepted: 1 to the number of classes ({logits.shape[1]})")
+    top = logits.topk(k, dim=1).indices
+    return int((top == labels.unsqueeze(1)).any(dim=1).sum().item())
+
+
+def per_class_f1(predicted: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """F1 of every class present in ``target`` or ``predicted``, and its support (count in ``target``).
+
+    F1 = 2 TP / (predicted + actual), defined for every class listed (one of
+    the two counts is positive), as scikit-learn's ``f1_score`` computes it.
+
+    >>> per_class_f1(torch.tensor([0, 1, 1]), torch.tensor([0, 1, 0]))
+    (tensor([0.6667, 0.6667], dtype=torch.float64), tensor([2., 1.], dtype=torch.float64))
+    """
+    classes = torch.unique(torch.cat([predicted, target]))
+    scores, support = [], []
+    for label in classes:
+        true_positive = int(((predicted == label) & (target == label)).sum())
+        predicted_count, target_count = int((predicted == label).sum()), int((target == label).sum())
+        scores.append(2 * true_positive / (predicted_count + target_count))
+        support.append(target_count)
+    return torch.tensor(scores, dtype=torch.float64), torch.tensor(support, dtype=torch.float64)
 
 
 def macro_f1(predicted: torch.Tensor, target: torch.Tensor) -> float:
@@ -249,10 +299,17 @@ def macro_f1(predicted: torch.Tensor, target: torch.Tensor) -> float:
     >>> macro_f1(torch.tensor([0, 1, 1]), torch.tensor([0, 1, 0]))
     0.6666666666666666
     """
-    classes = torch.unique(torch.cat([predicted, target]))
-    scores = []
-    for label in classes:
-        true_positive = int(((predicted == label) & (target == label)).sum())
-        predicted_count, target_count = int((predicted == label).sum()), int((target == label).sum())
-        scores.append(2 * true_positive / (predicted_count + target_count))
-    return float(sum(scores) / len(scores))
+    scores, _ = per_class_f1(predicted, target)
+    return float(scores.mean())
+
+
+def weighted_f1(predicted: torch.Tensor, target: torch.Tensor) -> float:
+    """Per-class F1 averaged with the classes' support in ``target`` (scikit-learn's ``average="weighted"``).
+
+    A class only predicted (support 0) weighs nothing; the FedNolowe paper reports this F1.
+
+    >>> round(weighted_f1(torch.tensor([0, 1, 1, 2]), torch.tensor([0, 1, 0, 0])), 4)  # (3 * 1/2 + 1 * 2/3) / 4
+    0.5417
+    """
+    scores, support = per_class_f1(predicted, target)
+    return float((scores * support).sum() / support.sum())

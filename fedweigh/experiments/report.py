@@ -27,8 +27,18 @@ from typing import Any
 import numpy as np
 
 from fedweigh.experiments.grid import PlannedRun
-from fedweigh.experiments.runs import COLLAPSE_ROUNDS, COLLAPSE_SHARE, OTHER_SCORES, RunResult, collect_results
+from fedweigh.experiments.runs import (
+    COLLAPSE_ROUNDS,
+    COLLAPSE_SHARE,
+    OTHER_SCORES,
+    ROLLING_STD_ACCURACY,
+    ROLLING_WINDOW,
+    RunResult,
+    collect_results,
+)
 from fedweigh.experiments.spec import SCORE_NAMES, Experiment, Reported
+from fedweigh.protocol import TRAIN_LOSS
+from fedweigh.results import TOP5_ACCURACY, TRAIN_LOSS_UNWEIGHTED, WEIGHTED_F1
 
 __all__ = [
     "CSV_COLUMNS",
@@ -202,6 +212,17 @@ _HEADINGS = {
 }
 
 
+_PAPER_METRICS = (
+    (ROLLING_STD_ACCURACY, "accuracy, rolling std"),
+    (f"mean_{WEIGHTED_F1}", "weighted F1, mean"),
+    (f"final_{WEIGHTED_F1}", "weighted F1, final"),
+    (f"mean_{TOP5_ACCURACY}", "top-5 accuracy, mean"),
+    (f"mean_{TRAIN_LOSS}", "train loss (n_k-weighted), mean"),
+    (f"mean_{TRAIN_LOSS_UNWEIGHTED}", "train loss (unweighted), mean"),
+)
+"""The FedNolowe paper's per-run metrics beside accuracy (:data:`OTHER_SCORES` names) and their headings."""
+
+
 def _format_score(value: tuple[float, float | None] | None) -> str:
     if value is None:
         return "–"
@@ -262,6 +283,20 @@ def render_summary(
         for summary in summaries:
             names = ("mean_macro_f1", "final_macro_f1", "mean_loss", "final_loss")
             lines.append(f"| {summary.arm} | " + " | ".join(_format_score(summary.others.get(n)) for n in names) + " |")
+        lines.append("")
+    paper_metrics = [name for name, _ in _PAPER_METRICS if any(name in s.others for s in summaries)]
+    if paper_metrics:
+        lines.append(
+            f"As the FedNolowe paper reports them (means over rounds; the accuracy's rolling std over windows of "
+            f"{ROLLING_WINDOW} rounds; train loss of the aggregated clients, weighted by n_k and unweighted):"
+        )
+        lines.append("")
+        header = ["arm", *(heading for name, heading in _PAPER_METRICS if name in paper_metrics)]
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "---|" * len(header))
+        for summary in summaries:
+            cells = (_format_score(summary.others.get(name)) for name in paper_metrics)
+            lines.append(f"| {summary.arm} | " + " | ".join(cells) + " |")
         lines.append("")
     if has_paper:
         source = f": {spec.paper_source}" if spec.paper_source else ""

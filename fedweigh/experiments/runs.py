@@ -14,9 +14,14 @@ Per run, from the central test accuracy ``acc_1 .. acc_T`` of its rounds:
   40`` (those that exist): the Feddle paper evaluates every 10 rounds and
   reports the best of the last five evaluations.
 
-Beside them, from the same rounds: the macro-F1 (final and mean over rounds)
-and the test loss (final and mean over rounds), as the FedNolowe paper reports
-its metrics.
+Beside them, from the same rounds: the macro-F1 and the weighted F1 (final
+and mean over rounds), the top-5 accuracy (final and mean; on tasks with at
+least 5 classes), the test loss (final and mean over rounds), and the
+accuracy's **rolling std**: the sample std (ddof = 1) of each window of
+:data:`ROLLING_WINDOW` consecutive evaluations, averaged over the windows (the
+FedNolowe paper's "± Std with rolling window = 5"; :func:`rolling_std`). From
+every round: the mean over rounds of the clients' train loss, weighted by n_k
+and unweighted (the FedNolowe paper's training loss is the unweighted one).
 
 :func:`collect_results` reads every planned run's folder into a
 :class:`RunResult`; the report (:mod:`fedweigh.experiments.report`) and the
@@ -43,7 +48,16 @@ from typing import Any
 import numpy as np
 
 from fedweigh.experiments.grid import PlannedRun, read_run_record
-from fedweigh.results import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, read_metrics
+from fedweigh.protocol import TRAIN_LOSS
+from fedweigh.results import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    TOP5_ACCURACY,
+    TRAIN_LOSS_UNWEIGHTED,
+    WEIGHTED_F1,
+    read_metrics,
+)
 
 COLLAPSE_SHARE = 0.9
 """A collapsed model predicts its most frequent class for at least this share of the test set, on average."""
@@ -112,23 +126,84 @@ def find_collapse(rows: Sequence[dict[str, Any]]) -> Collapse | None:
     return None
 
 
-OTHER_SCORES = ("final_macro_f1", "mean_macro_f1", "mean_loss")
+ROLLING_WINDOW = 5
+"""Evaluations per window of the rolling std: the FedNolowe paper's "rolling window = 5" (spec §9, A9)."""
+
+_FINAL_AND_MEAN = ("macro_f1", WEIGHTED_F1, TOP5_ACCURACY)
+"""Test metrics of metrics.jsonl scored by their final value and their mean over the evaluations."""
+_TRAIN_LOSSES = (TRAIN_LOSS, TRAIN_LOSS_UNWEIGHTED)
+"""The round train losses of metrics.jsonl, scored by their mean over the rounds that recorded one."""
+ROLLING_STD_ACCURACY = "rolling_std_accuracy"
+
+OTHER_SCORES = (
+    "final_macro_f1",
+    "mean_macro_f1",
+    "mean_loss",
+    *(f"{kind}_{key}" for key in _FINAL_AND_MEAN[1:] for kind in ("final", "mean")),
+    ROLLING_STD_ACCURACY,
+    *(f"mean_{key}" for key in _TRAIN_LOSSES),
+)
 """Scores of a run besides accuracy (columns of ``results.csv``)."""
 
 
+def rolling_std(values: Sequence[float], window: int = ROLLING_WINDOW) -> float:
+    """Mean over the windows of ``window`` consecutive values of their sample std (ddof = 1); NaN if fewer.
+
+    The same as ``pandas.Series(values).rolling(window).std().mean()``: a
+    measure of round-to-round fluctuation, blind to a steady trend's level.
+
+    >>> round(rolling_std([0.1, 0.3, 0.1, 0.3], window=2), 6)  # every window's std is sqrt(0.02)
+    0.141421
+    >>> rolling_std([0.5, 0.6], window=5)
+    nan
+    """
+    if window < 2:
+        raise ValueError(f"rolling_std: window = {window}; accepted: 2 or more (a sample std needs two values)")
+    array = np.asarray(values, dtype=np.float64)
+    if array.size < window:
+        return float("nan")
+    return float(np.lib.stride_tricks.sliding_window_view(array, window).std(axis=1, ddof=1).mean())
+
+
+def _numbers(rows: Sequence[dict[str, Any]], key: str) -> list[float] | None:
+    """The rows' values of ``key`` when every row holds a number, else None."""
+    values = [row.get(key) for row in rows]
+    return [float(v) for v in values] if values and all(isinstance(v, int | float) for v in values) else None
+
+
 def other_scores(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Final and mean-over-rounds macro-F1 and mean test loss of a run's rounds (a score is left out when missing).
+    """Final and mean-over-rounds F1 and top-5 accuracy, mean test loss, the accuracy's rolling std.
+
+    A score is left out when a row misses its metric (the rolling std also
+    with fewer than :data:`ROLLING_WINDOW` rows).
 
     >>> other_scores([{"macro_f1": 0.4, "loss": 2.0}, {"macro_f1": 0.6, "loss": 1.0}])
     {'final_macro_f1': 0.6, 'mean_macro_f1': 0.5, 'mean_loss': 1.5}
     """
-    f1 = [row.get("macro_f1") for row in rows]
-    loss = [row.get("loss") for row in rows]
     scores: dict[str, float] = {}
-    if f1 and all(isinstance(value, int | float) for value in f1):
-        scores["final_macro_f1"], scores["mean_macro_f1"] = float(f1[-1]), float(np.mean(f1))
-    if loss and all(isinstance(value, int | float) for value in loss):
+    for key in _FINAL_AND_MEAN:
+        if (values := _numbers(rows, key)) is not None:
+            scores[f"final_{key}"], scores[f"mean_{key}"] = values[-1], float(np.mean(values))
+    if (loss := _numbers(rows, "loss")) is not None:
         scores["mean_loss"] = float(np.mean(loss))
+    accuracies = _numbers(rows, "accuracy")
+    if accuracies is not None and len(accuracies) >= ROLLING_WINDOW:
+        scores[ROLLING_STD_ACCURACY] = rolling_std(accuracies)
+    return scores
+
+
+def train_loss_scores(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Mean over the rounds that recorded one of the clients' train loss, n_k-weighted and unweighted.
+
+    >>> rows = [{"train_loss": 1.0, "train_loss_unweighted": 2.0}, {"train_loss": None}, {"train_loss": 3.0}]
+    >>> train_loss_scores(rows)  # a round without clients records none
+    {'mean_train_loss': 2.0, 'mean_train_loss_unweighted': 2.0}
+    """
+    scores = {}
+    for key in _TRAIN_LOSSES:
+        values = [float(row[key]) for row in rows if isinstance(row.get(key), int | float)]
+        if values:
+            scores[f"mean_{key}"] = float(np.mean(values))
     return scores
 
 
@@ -286,7 +361,7 @@ def collect_results(runs: Sequence[PlannedRun]) -> list[RunResult]:
         if complete:
             result.scores = run_scores([row["accuracy"] for row in evaluated], [row["round"] for row in evaluated])
             result.final_loss = rows[-1].get("loss")
-            result.others = other_scores(evaluated)
+            result.others = other_scores(evaluated) | train_loss_scores(rows)
         result.collapse = find_collapse([row for row in rows if row.get("accuracy") is not None])
         results.append(result)
     return results

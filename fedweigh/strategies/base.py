@@ -59,6 +59,7 @@ from fedweigh.protocol import (
     TRAIN_LOSS,
     ConfigValue,
 )
+from fedweigh.results import CLIENT_NUM_EXAMPLES
 from fedweigh.rules.base import RoundSignals, RuleOutcome, WeightingRule
 from fedweigh.strategies.aggregation import NamedArrays, all_finite, decode, encode
 from fedweigh.strategies.deadline import Deadline, DeadlineGrid
@@ -516,7 +517,7 @@ def _client_entry(
     count = len(outcome.weights)
     entry: dict[str, Any] = {
         "partition": reply.partition_id,
-        "num_examples": reply.num_examples,
+        CLIENT_NUM_EXAMPLES: reply.num_examples,
         TRAIN_LOSS: reply.train_loss,
         "staleness": server_round - reply.model_round,
         "bytes_sent": _nbytes(sent),

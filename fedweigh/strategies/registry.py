@@ -1,15 +1,25 @@
 """Every server update, by the name a method gives (:attr:`fedweigh.methods.Method.update`).
 
 >>> sorted(UPDATES)
-['center', 'fedasync', 'fedbuff', 'feddle', 'fedft', 'mean']
+['center', 'fedasync', 'fedbuff', 'feddle', 'fedft', 'fedma-simplified', 'mean']
 """
 
 from __future__ import annotations
 
 from fedweigh.strategies.feddle import FedBuffUpdate, FeddleUpdate
+from fedweigh.strategies.fedma import FedMASimplified
 from fedweigh.strategies.server_training import Center, FineTunedMean
 from fedweigh.strategies.updates import FedAsync, ServerUpdate, WeightedMean
 
 UPDATES: dict[str, type[ServerUpdate]] = {
-    update.name: update for update in (WeightedMean, FedAsync, FeddleUpdate, FedBuffUpdate, Center, FineTunedMean)
+    update.name: update
+    for update in (
+        WeightedMean,
+        FedAsync,
+        FeddleUpdate,
+        FedBuffUpdate,
+        Center,
+        FineTunedMean,
+        FedMASimplified,
+    )
 }

@@ -156,6 +156,11 @@ class ServerUpdate:
         """The update the settings describe (most take no options)."""
         return cls()
 
+    @classmethod
+    def model_problems(cls, settings: Settings, model: Any) -> list[str]:
+        """What in the settings cannot work with the run's model (built on PyTorch's meta device); none by default."""
+        return []
+
     def __call__(self, update: RoundUpdate) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
