@@ -73,6 +73,8 @@ fewer than 5 classes)."""
 TRAIN_LOSS_UNWEIGHTED = "train_loss_unweighted"
 """metrics.jsonl: the unweighted mean of the aggregated clients' train losses (the FedNolowe paper's "training
 loss"), beside ``train_loss``, the same losses weighted by the clients' sample counts n_k."""
+CENTRAL_METRICS = ("accuracy", "loss", "macro_f1", WEIGHTED_F1, TOP5_ACCURACY, "prediction_share")
+"""metrics.jsonl: the fields of the server's central evaluation (rounds that evaluate), as the trackers group them."""
 
 TIMING_FIELDS = ("seconds", *TIMING_KEYS)
 """The fields of metrics.jsonl and summary.json that measure wall time; everything else is determined
@@ -364,7 +366,7 @@ class RunRecorder:
         written = _jsonable(row)
         with (self.run_dir / METRICS_FILE).open("a") as handle:
             handle.write(json.dumps(written) + "\n")
-        self.trackers.log_round(written)
+        self.trackers.log_round(written, central=CENTRAL_METRICS)
         self.last_round = max(self.last_round, int(row["round"]))
         if row.get("accuracy") is None:  # not an evaluation round (evaluate-every)
             logger.info("[fedweigh] round %d/%d  %.1fs", row["round"], num_rounds, row["seconds"])

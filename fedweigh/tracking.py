@@ -10,11 +10,14 @@ stable names, one series per name, the round as the step:
 name                            value
 ==============================  ===============================================
 ``central/<key>``               ``accuracy``, ``loss``, ``macro_f1``,
+                                ``weighted_f1``, ``top5_accuracy``,
                                 ``prediction_share`` (evaluated rounds only)
 ``round/seconds``               the round's wall time
 ``round/train_loss_mean``       the clients' mean train loss (sample-weighted)
 ``round/clients``, ...          replies aggregated; ``left_out``, ``excluded``,
                                 ``in_flight`` counts
+``round/<key>``                 every other number of the row
+                                (``train_loss_unweighted``)
 ``bytes/sent``, ``bytes/received``  the model bytes sent to / received from the
                                 round's clients
 ``weights/partition-<p>``       the client's aggregation weight
@@ -69,7 +72,7 @@ Example
 ...        "clients": [{"partition": 3, "num_examples": 10, "train_loss": 0.4, "weight": 1.0, "oui": 0.5,
 ...                     "bytes_sent": 100, "bytes_received": 100}],
 ...        "diagnostics": {"beta-alpha": 2.0, "fit-method": "moments", "coefficients": [0.1, -0.2]}}
->>> series = scalar_series(row)
+>>> series = scalar_series(row, central=("accuracy", "loss"))
 >>> series["central/accuracy"], "central/loss" in series, series["weights/partition-3"]
 (0.8, False, 1.0)
 >>> series["signals/oui/partition-3"], series["diagnostics/coefficients/1"], series["bytes/sent"]
@@ -110,26 +113,34 @@ DEFAULT_EXPERIMENT = "fedweigh"
 PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow-skinny")}
 """Tracker to (the module it imports, the package that provides it)."""
 
-CENTRAL_KEYS = ("accuracy", "loss", "macro_f1", "prediction_share")
 _IDENTITY_KEYS = ("partition", "node")
+_ROUND_FIELDS_NAMED = {"round", "seconds", "train_loss", "excluded"}  # the step, or a series named in the table
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-./ :]")
 
 
 # --------------------------------------------------------------------------- the series
 
 
-def scalar_series(row: Mapping[str, Any]) -> dict[str, float]:
-    """A metrics.jsonl row as named scalars (the table in the module's docstring); finite numbers only."""
+def scalar_series(row: Mapping[str, Any], central: Sequence[str]) -> dict[str, float]:
+    """A metrics.jsonl row as named scalars (the table in the module's docstring); finite numbers only.
+
+    ``central`` names the row's central-evaluation fields (``central/<key>``;
+    :data:`fedweigh.results.CENTRAL_METRICS`); any other top-level number of
+    the row not named in the table goes to ``round/<key>``.
+    """
     series: dict[str, float] = {}
 
     def put(name: str, value: Any) -> None:
         if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
             series[_UNSAFE.sub("_", name)] = float(value)
 
-    for key in CENTRAL_KEYS:
+    for key in central:
         put(f"central/{key}", row.get(key))
     put("round/seconds", row.get("seconds"))
     put("round/train_loss_mean", row.get("train_loss"))
+    for key, value in row.items():
+        if key not in _ROUND_FIELDS_NAMED and key not in central:
+            put(f"round/{key}", value)
     clients = row.get("clients") or []
     for name, items in (("clients", clients), ("left_out", row.get("left_out")), ("in_flight", row.get("in_flight"))):
         put(f"round/{name}", len(items or ()))
@@ -307,10 +318,10 @@ class Trackers:
     def start(self, run: TrackedRun) -> None:
         self._each("start", lambda tracker: tracker.start(run))
 
-    def log_round(self, row: Mapping[str, Any]) -> None:
-        """A metrics.jsonl row, at step = its round."""
+    def log_round(self, row: Mapping[str, Any], central: Sequence[str]) -> None:
+        """A metrics.jsonl row, at step = its round (``central``: its central-evaluation fields)."""
         if self.active:
-            step, scalars = int(row["round"]), scalar_series(row)
+            step, scalars = int(row["round"]), scalar_series(row, central)
             self._each("log", lambda tracker: tracker.log(step, scalars))
 
     def finish(self, status: RunStatus) -> None:

@@ -27,7 +27,7 @@ from fedweigh.experiments.spec import load_experiment
 from fedweigh.launch.progress import PendingRun, RunsProgress
 from fedweigh.launch.runconfig import load_app_config, prepare_run_config
 from fedweigh.preflight import check_run
-from fedweigh.results import read_metrics
+from fedweigh.results import CENTRAL_METRICS, read_metrics
 from fedweigh.settings import SettingsError, validate
 from fedweigh.tracking import (
     DEFAULT_EXPERIMENT,
@@ -62,7 +62,7 @@ def tensorboard_series(folder: Path) -> dict[str, list[tuple[int, float]]]:
 def expected_series(rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
     series: dict[str, list[tuple[int, float]]] = {}
     for row in rows:
-        for name, value in scalar_series(row).items():
+        for name, value in scalar_series(row, CENTRAL_METRICS).items():
             series.setdefault(name, []).append((row["round"], value))
     return series
 
@@ -96,11 +96,13 @@ def mlflow_run(store_dir: Path, name: str, experiment: str = DEFAULT_EXPERIMENT)
 )
 def test_every_number_the_issue_names_has_a_series(output_dir, strategy, config, names):
     (row, *_) = read_metrics(tracked_run(output_dir, f"series-{strategy}", strategy=strategy, **config))
-    series = scalar_series(row)
+    series = scalar_series(row, CENTRAL_METRICS)
     for name in names:
         assert any(key.startswith(name) for key in series), f"{strategy}: no {name}* in {sorted(series)}"
     for name in ("central/accuracy", "central/loss", "round/train_loss_mean", "round/seconds", "bytes/sent"):
         assert name in series
+    for key in ("weighted_f1", "top5_accuracy", "train_loss_unweighted"):  # the FedNolowe paper's metrics too
+        assert key in row and (series.get(f"central/{key}") == row[key] or series.get(f"round/{key}") == row[key])
     assert series["central/accuracy"] == row["accuracy"] and series["round/train_loss_mean"] == row["train_loss"]
     assert series["bytes/received"] == sum(client["bytes_received"] for client in row["clients"])
     client = row["clients"][0]
@@ -117,7 +119,7 @@ def test_only_finite_numbers_become_series():
         "clients": [{"partition": -1, "node": 77, "weight": 0.5, "note": "text", "staleness": 0}],
         "diagnostics": {"fit-method": "moments", "mixing": [0.25, None]},
     }
-    series = scalar_series(row)
+    series = scalar_series(row, CENTRAL_METRICS)
     assert "central/accuracy" not in series and "central/loss" not in series
     assert "round/train_loss_mean" not in series and "round/aggregated" not in series
     assert series["weights/node-77"] == 0.5 and series["clients/staleness/node-77"] == 0.0
@@ -307,7 +309,7 @@ def test_a_failing_tracker_is_switched_off_once_and_the_others_go_on(tmp_path, c
     trackers.start(TrackedRun("r", tmp_path, {}))
     with caplog.at_level("WARNING", logger="flwr.fedweigh"):
         for step in (1, 2, 3):
-            trackers.log_round({"round": step, "accuracy": step / 10})
+            trackers.log_round({"round": step, "accuracy": step / 10}, CENTRAL_METRICS)
         trackers.finish("FINISHED")
     assert broken.logged == [1] and broken.finished == ["FAILED"]  # released, never told the run finished
     warnings = [record.getMessage() for record in caplog.records if "tracking: broken failed" in record.getMessage()]
