@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from fedweigh.client.mc_dropout import ensure_mc_dropout
 from fedweigh.client.registry import CLIENT_STEPS
 from fedweigh.components import data_spec, input_of, new_model, server_and_test_data
 from fedweigh.data.federated import dataset_info, partition_sizes
@@ -135,6 +136,14 @@ def combination_problems(settings: Settings) -> list[str]:
         ]
     problems += _memory_problems(settings, plan, model)
     problems += update.model_problems(settings, model)
+    if settings.final_uncertainty:
+        try:
+            ensure_mc_dropout(model, settings.ufl.dropout)
+        except ValueError as err:
+            problems.append(
+                f"final-uncertainty = {settings.final_uncertainty} needs MC dropout, which model = {settings.model!r} "
+                f"cannot give: {err}; accepted: 0 (off) with this model"
+            )
     if plan.steps:
         instruction = train_instruction(settings, plan)
         for name, origin in plan.steps:

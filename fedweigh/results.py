@@ -73,6 +73,9 @@ fewer than 5 classes)."""
 TRAIN_LOSS_UNWEIGHTED = "train_loss_unweighted"
 """metrics.jsonl: the unweighted mean of the aggregated clients' train losses (the FedNolowe paper's "training
 loss"), beside ``train_loss``, the same losses weighted by the clients' sample counts n_k."""
+FINAL_U_P95, FINAL_U_ABOVE_1 = "final_u_p95", "final_u_above_1"
+FINAL_U_TAIL = (FINAL_U_P95, FINAL_U_ABOVE_1)
+"""summary.json's tail of u of the final model on the test set (``final-uncertainty``): p95 and the share above 1."""
 CENTRAL_METRICS = ("accuracy", "loss", "macro_f1", WEIGHTED_F1, TOP5_ACCURACY, "prediction_share")
 """metrics.jsonl: the fields of the server's central evaluation (rounds that evaluate), as the trackers group them."""
 
@@ -380,8 +383,13 @@ class RunRecorder:
             row["seconds"],
         )
 
-    def finish(self, state_dict: Mapping[str, torch.Tensor], final: Mapping[str, float]) -> dict[str, Any]:
-        """Write the final model and summary.json; return the summary."""
+    def finish(
+        self,
+        state_dict: Mapping[str, torch.Tensor],
+        final: Mapping[str, float],
+        extra: Mapping[str, float] | None = None,
+    ) -> dict[str, Any]:
+        """Write the final model and summary.json (with ``extra``, e.g. :data:`FINAL_U_TAIL`); return the summary."""
         torch.save(dict(state_dict), self.run_dir / MODEL_FILE)
         summary = {
             "final_accuracy": final.get("accuracy"),
@@ -390,6 +398,7 @@ class RunRecorder:
             "rounds": self.last_round,
             "seconds": round(time.perf_counter() - self.started, 2),
             "run_dir": str(self.run_dir),
+            **(extra or {}),
         }
         (self.run_dir / SUMMARY_FILE).write_text(json.dumps(_jsonable(summary), indent=2))
         self.trackers.finish("FINISHED")

@@ -22,12 +22,15 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from fedweigh.client.training import evaluate
+from fedweigh.client.ufl import model_uncertainty, u_tail
 from fedweigh.components import batch_transform, configure_torch, new_model, resolve_device, server_and_test_data
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.models import on_device
 from fedweigh.models.finetuning import exchanged_state, frozen_digest, load_exchanged_state
 from fedweigh.preflight import check_run, data_problems
 from fedweigh.results import (
+    FINAL_U_ABOVE_1,
+    FINAL_U_P95,
     TOP5_ACCURACY,
     WEIGHTED_F1,
     Checkpoint,
@@ -107,6 +110,26 @@ def central_evaluation(
     return evaluate_round
 
 
+def final_u_tail(
+    settings: Settings, model: torch.nn.Module, arrays: ArrayRecord, test: ImageTensors
+) -> dict[str, float]:
+    """The tail of ``u`` of the final model on the test set (``final-uncertainty`` passes; empty when 0).
+
+    The clients' MC dropout (:func:`fedweigh.client.ufl.model_uncertainty`),
+    with the run's ``ufl.*`` dropout options and its seed.
+    """
+    if settings.final_uncertainty == 0:
+        return {}
+    device = resolve_device(settings.device)
+    model = on_device(model, device)
+    load_exchanged_state(model, arrays.to_torch_state_dict())
+    u = model_uncertainty(
+        model, test, batch_transform(settings), device, settings.ufl, settings.seed, settings.final_uncertainty
+    )
+    p95, above_1 = u_tail(u)
+    return {FINAL_U_P95: p95, FINAL_U_ABOVE_1: above_1}
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run the federated training the run config describes."""
@@ -179,7 +202,8 @@ def main(grid: Grid, context: Context) -> None:
         final_round = max(result.evaluate_metrics_serverapp, default=None)
         final = dict(result.evaluate_metrics_serverapp[final_round]) if final_round else {}
         final_arrays = result.arrays if result.arrays is not None else initial
-        summary = recorder.finish(final_arrays.to_torch_state_dict(), final)
+        tail = final_u_tail(settings, model, final_arrays, test)
+        summary = recorder.finish(final_arrays.to_torch_state_dict(), final, tail)
     except BaseException as err:
         recorder.fail(err)  # the trackers' runs end FAILED (KILLED when interrupted)
         raise

@@ -389,6 +389,8 @@ class Settings(_Section):
     persist_optimizer_state: bool = False
     eval_batch_size: int = Field(512, ge=1)
     evaluate_every: int = Field(1, ge=1)  # central evaluation every this many rounds (and after the last)
+    # MC-dropout passes for the tail of u of the final model on the test set (summary.json); 0: not computed
+    final_uncertainty: int = Field(0, ge=0)
     # extra client steps on top of the strategy's and the rule's, comma-separated (e.g. "ufl-dropout")
     client_steps: str = ""
     # per-method tables

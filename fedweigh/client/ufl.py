@@ -19,6 +19,9 @@ spec ``specs/ufl.md``); the server's U-Agg is :mod:`fedweigh.rules.uagg`:
   ``uncertainty-mean`` (``U_k / m_k``) and the long-tail record of ``u``
   (``u-p50`` ... ``u-p99``, ``u-above-1``); its options are the ``[ufl]``
   table (:class:`fedweigh.settings.UFLSettings`);
+* :func:`model_uncertainty` (``u`` of any data under a model, the step's own
+  path) and :func:`u_tail`: what the server reports of its final model's
+  ``u`` on the test set with ``final-uncertainty``;
 * the step ``"ufl-dropout"`` (:class:`UFLDropoutStep`): only the dropout, for
   baselines that should train the same architecture.
 
@@ -47,6 +50,8 @@ from torch import nn
 
 from fedweigh.client.mc_dropout import ensure_mc_dropout, mc_mean_probabilities
 from fedweigh.client.steps import ClientStep, Metrics, StepContext
+from fedweigh.data.tensors import ImageTensors
+from fedweigh.data.transforms import BatchTransform
 from fedweigh.protocol import MC_SECONDS, STEPS, UNCERTAINTY, UNCERTAINTY_MEAN, table_from_config
 from fedweigh.settings import UFLSettings
 
@@ -147,6 +152,48 @@ def uncertainty_summary(u: torch.Tensor, selected: torch.Tensor, weights: torch.
     return metrics
 
 
+TAIL_PERCENTILE = 95
+"""The percentile of ``u`` :func:`u_tail` reports (the spec's p95 of ``u``, §11)."""
+
+
+def u_tail(u: torch.Tensor) -> tuple[float, float]:
+    """The right tail of ``u``: its 95th percentile (linear interpolation) and the fraction with ``u > 1``.
+
+    >>> u_tail(torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0], dtype=torch.float64))  # p95 = 1.5 + 0.8 * 0.5
+    (1.9, 0.4)
+    """
+    values = u.double().cpu()
+    return float(torch.quantile(values, TAIL_PERCENTILE / 100)), float((values > 1.0).double().mean())
+
+
+def model_uncertainty(
+    model: nn.Module,
+    data: ImageTensors,
+    transform: BatchTransform,
+    device: torch.device,
+    options: UFLSettings,
+    seed: int,
+    passes: int | None = None,
+) -> torch.Tensor:
+    """``u`` of every sample of ``data`` under ``model``: MC dropout as the ``ufl`` step does it.
+
+    ``passes`` replaces ``options.mc_passes`` when given; ``options.dropout``
+    is inserted before the classifier of a model without dropout (a model's
+    own ``nn.Dropout`` is used as it is), ``options.cheap_path`` picks the path.
+    """
+    ensure_mc_dropout(model, options.dropout)
+    probabilities = mc_mean_probabilities(
+        model,
+        data,
+        transform,
+        device,
+        options.mc_passes if passes is None else passes,
+        seed,
+        cheap=options.cheap_path,
+    )
+    return sample_uncertainty(probabilities, data.labels)
+
+
 # ---------------------------------------------------------------------------
 # client step
 # ---------------------------------------------------------------------------
@@ -198,17 +245,7 @@ class UFLStep(ClientStep):
         if len(context.data) == 0:
             raise ValueError(f"ufl: partition {context.partition_id} has no training samples")
         started = time.perf_counter()
-        ensure_mc_dropout(context.model, options.dropout)
-        probabilities = mc_mean_probabilities(
-            context.model,
-            context.data,
-            context.transform,
-            context.device,
-            options.mc_passes,
-            context.seed,
-            cheap=options.cheap_path,
-        )
-        u = sample_uncertainty(probabilities, context.data.labels)
+        u = model_uncertainty(context.model, context.data, context.transform, context.device, options, context.seed)
         selected = select_uncertain(u, options.ratio)
         weights = loss_weights(u, selected, options.alpha)
         metrics = uncertainty_summary(u, selected, weights)

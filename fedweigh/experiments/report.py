@@ -4,6 +4,10 @@ Per run: the final, best, mean-over-rounds and AUC accuracy
 (:mod:`fedweigh.experiments.runs`). Per arm: mean ± sample standard deviation (``ddof=1``) over seeds, with the
 paper's reported numbers beside them when the experiment file gives them.
 
+With ``reference-arm`` set, ``summary.md`` also compares every arm with it
+seed by seed (:func:`paired_difference`): the mean of ``arm - reference`` over
+the seeds both finished, its standard error and the win count.
+
 The report also checks what makes a comparison paired: for each seed, every
 arm (with the same sampling settings) must have trained the same clients in
 every round. If that does not hold, ``summary.md`` says so at the top and
@@ -38,15 +42,17 @@ from fedweigh.experiments.runs import (
 )
 from fedweigh.experiments.spec import SCORE_NAMES, Experiment, Reported
 from fedweigh.protocol import TRAIN_LOSS
-from fedweigh.results import TOP5_ACCURACY, TRAIN_LOSS_UNWEIGHTED, WEIGHTED_F1
+from fedweigh.results import FINAL_U_ABOVE_1, FINAL_U_P95, TOP5_ACCURACY, TRAIN_LOSS_UNWEIGHTED, WEIGHTED_F1
 
 __all__ = [
     "CSV_COLUMNS",
     "ArmSummary",
+    "PairedDifference",
     "SamplingCheck",
     "SamplingMismatchError",
     "check_sampling",
     "mean_std",
+    "paired_difference",
     "render_summary",
     "summarize_arms",
     "write_report",
@@ -93,6 +99,57 @@ def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
     if array.size == 0:
         raise ValueError("mean_std needs at least one value")
     return float(array.mean()), (float(array.std(ddof=1)) if array.size > 1 else None)
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """``arm - reference`` over the seeds both have: mean, standard error, wins, ties, losses.
+
+    Attributes
+    ----------
+    mean : float
+        Mean of the per-seed differences.
+    sem : float or None
+        Their sample std (ddof = 1) divided by ``sqrt(pairs)``; None for one pair.
+    wins, ties, losses : int
+        Seeds where the arm's value is strictly greater than, equal to, or
+        smaller than the reference's.
+    """
+
+    mean: float
+    sem: float | None
+    wins: int
+    ties: int
+    losses: int
+
+    @property
+    def pairs(self) -> int:
+        return self.wins + self.ties + self.losses
+
+    def __str__(self) -> str:
+        sem = "" if self.sem is None else f" ± {self.sem:.4f}"
+        return f"{self.mean:+.4f}{sem}"
+
+
+def paired_difference(values: Mapping[int, float], reference: Mapping[int, float]) -> PairedDifference | None:
+    """Compare an arm's per-seed values with the reference arm's on the same seeds; None without a common seed.
+
+    >>> d = paired_difference({1: 0.80, 2: 0.70, 3: 0.60, 4: 0.9}, {1: 0.75, 2: 0.70, 3: 0.65})
+    >>> round(d.mean, 6), round(d.sem, 6), (d.wins, d.ties, d.losses)
+    (0.0, 0.028868, (1, 1, 1))
+    """
+    seeds = sorted(set(values) & set(reference))
+    if not seeds:
+        return None
+    differences = np.array([values[seed] - reference[seed] for seed in seeds], dtype=np.float64)
+    sem = float(differences.std(ddof=1) / np.sqrt(differences.size)) if differences.size > 1 else None
+    return PairedDifference(
+        mean=float(differences.mean()),
+        sem=sem,
+        wins=int((differences > 0).sum()),
+        ties=int((differences == 0).sum()),
+        losses=int((differences < 0).sum()),
+    )
 
 
 def write_results_csv(results: Sequence[RunResult], path: Path, experiment: str) -> Path:
@@ -212,6 +269,40 @@ _HEADINGS = {
 }
 
 
+PAIRED_SCORES = ("final", "mean")
+"""The scores ``summary.md`` compares with the reference arm seed by seed."""
+
+
+def _paired_lines(experiment: Experiment, results: Sequence[RunResult]) -> list[str]:
+    """The table of paired differences against ``reference-arm`` (nothing when it is not set)."""
+    reference = experiment.spec.experiment.reference_arm
+    if not reference:
+        return []
+
+    def per_seed(arm: str, score: str) -> dict[int, float]:
+        return {r.run.seed: r.scores.get(score) for r in results if r.run.arm == arm and r.scores is not None}
+
+    if not per_seed(reference, "final"):
+        return [f"Paired differences: the reference arm {reference} has no finished run.", ""]
+    lines = [
+        f"Paired differences against {reference}, seed by seed (arm − {reference} on the same seed and partition): "
+        "mean ± standard error (sample std, ddof=1, / √pairs); wins / ties / losses count the seeds where the arm's "
+        "accuracy is strictly greater, equal, smaller.",
+        "",
+    ]
+    header = ["arm", "pairs", *(f"Δ {_HEADINGS[s]}, wins/ties/losses" for s in PAIRED_SCORES)]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for arm in (arm.name for arm in experiment.arms if arm.name != reference):
+        differences = [paired_difference(per_seed(arm, s), per_seed(reference, s)) for s in PAIRED_SCORES]
+        if differences[0] is None:
+            lines.append(f"| {arm} | 0 | " + " | ".join("–" for _ in PAIRED_SCORES) + " |")
+            continue
+        cells = [f"{d} ({d.wins}/{d.ties}/{d.losses})" for d in differences if d is not None]
+        lines.append(f"| {arm} | {differences[0].pairs} | " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
+
+
 _PAPER_METRICS = (
     (ROLLING_STD_ACCURACY, "accuracy, rolling std"),
     (f"mean_{WEIGHTED_F1}", "weighted F1, mean"),
@@ -296,6 +387,19 @@ def render_summary(
         lines.append("|" + "---|" * len(header))
         for summary in summaries:
             cells = (_format_score(summary.others.get(name)) for name in paper_metrics)
+            lines.append(f"| {summary.arm} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += _paired_lines(experiment, results)
+    if any(FINAL_U_P95 in summary.others for summary in summaries):
+        lines += [
+            "Tail of u = −log p̄(y) of the final global model on the test set (MC dropout, `final-uncertainty` "
+            "passes): p95 and the share of samples with u > 1.",
+            "",
+            "| arm | p95(u) | share u > 1 |",
+            "|---|---|---|",
+        ]
+        for summary in summaries:
+            cells = (_format_score(summary.others.get(name)) for name in (FINAL_U_P95, FINAL_U_ABOVE_1))
             lines.append(f"| {summary.arm} | " + " | ".join(cells) + " |")
         lines.append("")
     if has_paper:

@@ -14,6 +14,8 @@ Per run, from the central test accuracy ``acc_1 .. acc_T`` of its rounds:
   40`` (those that exist): the Feddle paper evaluates every 10 rounds and
   reports the best of the last five evaluations.
 
+With ``final-uncertainty`` on, summary.json also holds the tail of u of the
+final model on the test set (p95, share above 1), carried as they are.
 Beside them, from the same rounds: the macro-F1 and the weighted F1 (final
 and mean over rounds), the top-5 accuracy (final and mean; on tasks with at
 least 5 classes), the test loss (final and mean over rounds), and the
@@ -51,6 +53,7 @@ from fedweigh.experiments.grid import PlannedRun, read_run_record
 from fedweigh.protocol import TRAIN_LOSS
 from fedweigh.results import (
     CONFIG_FILE,
+    FINAL_U_TAIL,
     METRICS_FILE,
     SUMMARY_FILE,
     TOP5_ACCURACY,
@@ -142,6 +145,7 @@ OTHER_SCORES = (
     *(f"{kind}_{key}" for key in _FINAL_AND_MEAN[1:] for kind in ("final", "mean")),
     ROLLING_STD_ACCURACY,
     *(f"mean_{key}" for key in _TRAIN_LOSSES),
+    *FINAL_U_TAIL,
 )
 """Scores of a run besides accuracy (columns of ``results.csv``)."""
 
@@ -205,6 +209,15 @@ def train_loss_scores(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         if values:
             scores[f"mean_{key}"] = float(np.mean(values))
     return scores
+
+
+def final_u_tail(summary: dict[str, Any]) -> dict[str, float]:
+    """The tail of u of the final model that summary.json holds (``final-uncertainty``), if any.
+
+    >>> final_u_tail({"final_u_p95": 1.9, "final_u_above_1": 0.4, "rounds": 3}), final_u_tail({"rounds": 3})
+    ({'final_u_p95': 1.9, 'final_u_above_1': 0.4}, {})
+    """
+    return {key: float(summary[key]) for key in FINAL_U_TAIL if isinstance(summary.get(key), int | float)}
 
 
 def accuracy_auc(accuracies: Sequence[float]) -> float:
@@ -361,7 +374,7 @@ def collect_results(runs: Sequence[PlannedRun]) -> list[RunResult]:
         if complete:
             result.scores = run_scores([row["accuracy"] for row in evaluated], [row["round"] for row in evaluated])
             result.final_loss = rows[-1].get("loss")
-            result.others = other_scores(evaluated) | train_loss_scores(rows)
+            result.others = other_scores(evaluated) | train_loss_scores(rows) | final_u_tail(summary)
         result.collapse = find_collapse([row for row in rows if row.get("accuracy") is not None])
         results.append(result)
     return results

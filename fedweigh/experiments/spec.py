@@ -9,6 +9,7 @@ An experiment file is TOML::
     num-supernodes = 20                  # simulated clients (partitions)
     cpus-per-client = 1                  # Ray resources per client
     paper-source = "FedOUI, 20-round pilot"
+    reference-arm = "fedavg"             # optional: paired differences against this arm
 
     [base]                               # run-config overrides shared by every arm
     dataset = "../shared/datasets/cifar10"
@@ -164,6 +165,7 @@ class ExperimentSection(_Strict):
     cpus_per_client: int = Field(1, ge=1)
     gpus_per_client: float = Field(0.0, ge=0.0)
     paper_source: str = ""
+    reference_arm: str = ""  # "": no paired table; else the arm every other arm is compared with, seed by seed
 
     @field_validator("seeds")
     @classmethod
@@ -403,13 +405,14 @@ def load_experiment(
                 else arm
                 for arm in raw["arms"]
             ]
+    listed = raw.get("arms") if isinstance(raw.get("arms"), list) else []
+    file_arms = [arm.get("name") for arm in listed if isinstance(arm, Mapping)]
     if arms is not None and isinstance(raw.get("arms"), list):
-        names = [arm.get("name") for arm in raw["arms"] if isinstance(arm, Mapping)]
-        unknown = [name for name in arms if name not in names]
+        unknown = [name for name in arms if name not in file_arms]
         if unknown or not arms:
             raise ExperimentError(
                 f"{label}: --arms = {','.join(arms)!r}: unknown arm(s) {', '.join(unknown) or '(none given)'}; "
-                f"accepted: comma-separated names of the file's arms: {', '.join(map(str, names))}"
+                f"accepted: comma-separated names of the file's arms: {', '.join(map(str, file_arms))}"
             )
         raw["arms"] = [arm for arm in raw["arms"] if isinstance(arm, Mapping) and arm.get("name") in arms]
     if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1):
@@ -420,6 +423,13 @@ def load_experiment(
         lines = "\n".join(f"  - {problem}" for problem in _schema_problems(err, raw))
         raise ExperimentError(f"invalid experiment file {label}:\n{lines}") from None
     problems, configs = _config_problems(spec, app_defaults, rounds)
+    reference = spec.experiment.reference_arm
+    if reference and reference not in file_arms:  # checked against the whole file, so --arms may leave it out
+        problems.insert(
+            0,
+            f'experiment: reference-arm = {reference!r}: not an arm of the file; accepted: "" (no paired table) '
+            f"or one of {', '.join(map(str, file_arms))}",
+        )
     if problems:
         lines = "\n".join(f"  - {problem}" for problem in problems)
         raise ExperimentError(f"invalid experiment file {label}:\n{lines}")

@@ -1,0 +1,157 @@
+"""Paired differences against a reference arm, and the tail of u of the final model (UFL spec §11)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from test_experiments import DEFAULTS, experiment_table, failure, planned, write_run
+
+from fedweigh.client.ufl import model_uncertainty, u_tail
+from fedweigh.data.tensors import ImageTensors
+from fedweigh.experiments.report import paired_difference, write_report
+from fedweigh.experiments.runs import final_u_tail
+from fedweigh.experiments.spec import load_experiment
+from fedweigh.models.mlp import DigitsMLP
+from fedweigh.preflight import check_run
+from fedweigh.results import FINAL_U_ABOVE_1, FINAL_U_P95, SUMMARY_FILE
+from fedweigh.settings import SettingsError, UFLSettings
+
+# ------------------------------------------------------------------ paired differences
+
+
+def test_paired_difference_by_hand():
+    # differences on seeds 1-3: +0.10, +0.10, -0.05 (seed 4 has no reference, so it is left out)
+    d = paired_difference({1: 0.9, 2: 0.8, 3: 0.5, 4: 0.1}, {1: 0.8, 2: 0.7, 3: 0.55})
+    assert d.mean == pytest.approx(0.05)
+    std = math.sqrt((0.05**2 + 0.05**2 + 0.1**2) / 2)  # deviations from the mean 0.05
+    assert d.sem == pytest.approx(std / math.sqrt(3))
+    assert (d.wins, d.ties, d.losses, d.pairs) == (2, 0, 1, 3)
+    assert str(d) == f"+0.0500 ± {std / math.sqrt(3):.4f}"
+
+
+def test_one_pair_has_no_standard_error_and_no_common_seed_gives_none():
+    one = paired_difference({1: 0.5}, {1: 0.5, 2: 0.1})
+    assert (one.mean, one.sem, one.ties) == (0.0, None, 1) and str(one) == "+0.0000"
+    assert paired_difference({1: 0.5}, {2: 0.5}) is None
+
+
+accuracies = st.dictionaries(st.integers(0, 9), st.floats(0.0, 1.0), min_size=1, max_size=10)
+
+
+@given(accuracies, accuracies)
+def test_swapping_the_arms_negates_the_mean_and_swaps_wins_and_losses(arm, reference):
+    forward, backward = paired_difference(arm, reference), paired_difference(reference, arm)
+    if forward is None:
+        assert backward is None and not set(arm) & set(reference)
+        return
+    assert backward.mean == pytest.approx(-forward.mean, abs=1e-12)
+    assert (backward.wins, backward.ties, backward.losses) == (forward.losses, forward.ties, forward.wins)
+    assert forward.pairs == len(set(arm) & set(reference))
+    assert paired_difference(arm, arm).ties == len(arm) and paired_difference(arm, arm).mean == 0.0
+
+
+def test_reference_arm_must_name_an_arm_of_the_file():
+    table = experiment_table()
+    table["experiment"]["reference-arm"] = "fedprox"
+    message = failure(table)
+    assert "reference-arm = 'fedprox': not an arm of the file" in message and "fedavg, fedoui" in message
+    table["experiment"]["reference-arm"] = "fedavg"
+    assert load_experiment(table, DEFAULTS).spec.experiment.reference_arm == "fedavg"
+    assert [arm.name for arm in load_experiment(table, DEFAULTS, arms=["fedoui"]).arms] == ["fedoui"]
+
+
+def grid_with_reference(tmp_path, reference: str | None):
+    changes = {}
+    if reference is not None:
+        table = experiment_table()
+        table["experiment"]["reference-arm"] = reference
+        changes["experiment"] = table["experiment"]
+    experiment, runs = planned(tmp_path, **changes)
+    curves = {"fedavg": [[0.2, 0.3, 0.5], [0.3, 0.4, 0.6]], "fedoui": [[0.25, 0.35, 0.45], [0.3, 0.5, 0.65]]}
+    for run in runs:
+        write_run(run.run_dir, curves[run.arm][run.seed - 1], rounds=3)
+    return experiment, runs
+
+
+def test_summary_has_the_paired_table_against_the_reference_arm(tmp_path):
+    experiment, runs = grid_with_reference(tmp_path, "fedavg")
+    summary = write_report(experiment, runs, tmp_path, plots=False).summary_md.read_text()
+    # final: fedoui - fedavg = -0.05 (seed 1), +0.05 (seed 2): mean 0, sem = 0.1 / sqrt(2) / sqrt(2) = 0.05
+    # mean over rounds: (1.05 - 1.0) / 3 and (1.45 - 1.3) / 3 = 0.01667, 0.05: mean 0.03333, sem 0.01667
+    assert "Paired differences against fedavg" in summary
+    assert "| fedoui | 2 | +0.0000 ± 0.0500 (1/0/1) | +0.0333 ± 0.0167 (2/0/0) |" in summary
+    assert "| fedavg | 2 |" not in summary
+
+
+def test_no_reference_arm_no_paired_table_and_a_missing_reference_is_said(tmp_path):
+    experiment, runs = grid_with_reference(tmp_path / "none", None)
+    assert (
+        "Paired differences"
+        not in write_report(experiment, runs, tmp_path / "none", plots=False).summary_md.read_text()
+    )
+    experiment, runs = grid_with_reference(tmp_path / "gone", "fedavg")
+    for run in runs:
+        if run.arm == "fedavg":
+            (run.run_dir / SUMMARY_FILE).unlink()
+    summary = write_report(experiment, runs, tmp_path / "gone", plots=False).summary_md.read_text()
+    assert "the reference arm fedavg has no finished run" in summary
+
+
+# ------------------------------------------------------------------ tail of u of the final model
+
+
+def test_u_tail_by_hand():
+    u = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0])  # p95: rank 0.95 * 4 = 3.8 -> 1.5 + 0.8 * 0.5
+    p95, above = u_tail(u)
+    assert p95 == pytest.approx(1.9) and above == pytest.approx(0.4)  # 1.0 itself is not above 1
+
+
+def test_model_uncertainty_uses_the_models_own_dropout_and_is_seeded():
+    torch.manual_seed(0)
+    model = DigitsMLP(hidden=(16, 16), dropout=0.2)
+    data = ImageTensors(torch.randint(0, 256, (20, 1, 8, 8), dtype=torch.uint8), torch.arange(20) % 10)
+    transform = _identity_transform()
+    options = UFLSettings(mc_passes=4)
+    first = model_uncertainty(model, data, transform, torch.device("cpu"), options, seed=3)
+    again = model_uncertainty(model, data, transform, torch.device("cpu"), options, seed=3)
+    one_pass = model_uncertainty(model, data, transform, torch.device("cpu"), options, seed=3, passes=1)
+    assert first.shape == (20,) and torch.equal(first, again) and not torch.equal(first, one_pass)
+    assert not hasattr(model, "_mc_head_dropout")  # its own Dropout is sampled; nothing inserted
+    assert (first >= 0).all()
+
+
+def _identity_transform():
+    def transform(images, train, generator=None):
+        return images.float() / 255.0
+
+    return transform
+
+
+def test_final_uncertainty_is_a_checked_setting():
+    assert check_run({**DEFAULTS, "final-uncertainty": 5}).final_uncertainty == 5
+    with pytest.raises(SettingsError, match="final-uncertainty"):
+        check_run({**DEFAULTS, "final-uncertainty": -1})
+
+
+def test_the_tail_of_u_goes_from_summary_json_to_results_csv_and_summary_md(tmp_path):
+    assert final_u_tail({FINAL_U_P95: 2, FINAL_U_ABOVE_1: None}) == {FINAL_U_P95: 2.0}
+    experiment, runs = grid_with_reference(tmp_path, None)
+    tails = {("fedavg", 1): (2.0, 0.3), ("fedavg", 2): (2.2, 0.5), ("fedoui", 1): (1.5, 0.2), ("fedoui", 2): (1.5, 0.2)}
+    for run in runs:
+        summary = json.loads((run.run_dir / SUMMARY_FILE).read_text())
+        p95, above = tails[run.arm, run.seed]
+        (run.run_dir / SUMMARY_FILE).write_text(json.dumps({**summary, FINAL_U_P95: p95, FINAL_U_ABOVE_1: above}))
+    report = write_report(experiment, runs, tmp_path, plots=False)
+    with report.results_csv.open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [float(row[FINAL_U_P95]) for row in rows] == [2.0, 1.5, 2.2, 1.5]
+    summary = report.summary_md.read_text()
+    assert "Tail of u" in summary
+    assert "| fedavg | 2.1000 ± 0.1414 | 0.4000 ± 0.1414 |" in summary
+    assert "| fedoui | 1.5000 ± 0.0000 | 0.2000 ± 0.0000 |" in summary
