@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedweigh.data.federated import DataSpec, dataset_info, load_test_split
+from fedweigh.data.federated import DataSpec, dataset_info, feature_normalization, load_test_split
 from fedweigh.data.server import ServerData, hold_out, load_other_dataset
 from fedweigh.data.sources import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
@@ -118,14 +118,24 @@ def new_model(settings: Settings, *, pretrained_weights: bool = True) -> nn.Modu
         return apply_fine_tuning(model, fine_tuning(settings))
 
 
-def input_transform(info: DatasetInfo, augment: bool, needs: ModelInput) -> BatchTransform:
+def input_transform(
+    info: DatasetInfo,
+    augment: bool,
+    needs: ModelInput,
+    per_feature: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> BatchTransform:
     """Batches of the dataset ``info`` describes (augmented if asked), in the input ``needs`` names."""
-    return BatchTransform(info, augment, size=needs.size, channels=needs.channels, mean=needs.mean, std=needs.std)
+    size, channels, mean, std = needs.size, needs.channels, needs.mean, needs.std
+    return BatchTransform(info, augment, size=size, channels=channels, mean=mean, std=std, per_feature=per_feature)
 
 
 def batch_transform(settings: Settings) -> BatchTransform:
-    """The dataset's augmentation (training only), then the model's input: size, channels, normalisation."""
-    return input_transform(dataset_info(settings.dataset), settings.augment, input_of(settings))
+    """The dataset's augmentation (training only), then the model's input: size, channels, normalisation.
+
+    ``normalization = 'feature'`` standardises every pixel with the train split's statistics.
+    """
+    per_feature = feature_normalization(settings.dataset) if settings.normalization == "feature" else None
+    return input_transform(dataset_info(settings.dataset), settings.augment, input_of(settings), per_feature)
 
 
 def server_and_test_data(settings: Settings, num_partitions: int) -> tuple[ServerData | None, ImageTensors]:

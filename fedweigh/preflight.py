@@ -49,7 +49,7 @@ import torch
 
 from fedweigh.client.mc_dropout import ensure_mc_dropout
 from fedweigh.client.registry import CLIENT_STEPS
-from fedweigh.components import data_spec, input_of, new_model, server_and_test_data
+from fedweigh.components import batch_transform, data_spec, input_of, new_model, server_and_test_data
 from fedweigh.data.federated import dataset_info, partition_sizes
 from fedweigh.data.sources import check_local_dataset, validate_dataset_setting
 from fedweigh.methods import METHODS, RunPlan, plan_run
@@ -136,6 +136,11 @@ def combination_problems(settings: Settings) -> list[str]:
         ]
     problems += _memory_problems(settings, plan, model)
     problems += update.model_problems(settings, model)
+    if settings.normalization == "feature":
+        try:
+            batch_transform(settings)
+        except ValueError as err:
+            problems.append(f"model = {settings.model!r}: {err}")
     if settings.final_uncertainty:
         try:
             ensure_mc_dropout(model, settings.ufl.dropout)

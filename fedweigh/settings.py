@@ -355,6 +355,8 @@ class Settings(_Section):
     train_subset: int = Field(0, ge=0)
     test_subset: int = Field(0, ge=0)
     augment: bool = True
+    # channel: one mean and std per channel; feature: per pixel, fitted on the train split (StandardScaler)
+    normalization: Literal["channel", "feature"] = "channel"
     rare_clients: float = Field(0.0, ge=0.0, lt=1.0)  # fraction of clients capped at rare-client-cap samples
     rare_client_cap: int = Field(120, ge=1)
     noisy_clients: float = Field(0.0, ge=0.0, le=1.0)  # fraction of clients with symmetric label flips

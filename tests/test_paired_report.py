@@ -6,6 +6,7 @@ import csv
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -155,3 +156,47 @@ def test_the_tail_of_u_goes_from_summary_json_to_results_csv_and_summary_md(tmp_
     assert "Tail of u" in summary
     assert "| fedavg | 2.1000 ± 0.1414 | 0.4000 ± 0.1414 |" in summary
     assert "| fedoui | 1.5000 ± 0.0000 | 0.2000 ± 0.0000 |" in summary
+
+
+# ------------------------------------------------------------------ normalization = "feature" (standardised digits)
+
+
+def test_feature_normalization_is_sklearns_standard_scaler_on_the_train_split():
+    from sklearn.preprocessing import StandardScaler
+
+    from fedweigh.data.federated import feature_normalization
+    from fedweigh.data.sources import load_digits
+
+    train = np.stack(load_digits()["train"]["image"]).reshape(-1, 64).astype(np.float64) / 255.0
+    scaler = StandardScaler().fit(train)
+    mean, std = feature_normalization("digits")
+    assert mean.shape == std.shape == (1, 8, 8)
+    assert np.allclose(mean.numpy().reshape(-1), scaler.mean_, atol=1e-6)
+    assert np.allclose(std.numpy().reshape(-1), scaler.scale_, atol=1e-6)
+    assert std[0, 0, 0] == 1.0 and mean[0, 0, 0] == 0.0  # the corner pixel is always 0: scale 1, like the scaler
+
+
+def test_the_feature_normalised_train_split_has_zero_mean_and_unit_std_per_pixel():
+    from fedweigh.components import batch_transform
+    from fedweigh.data.sources import load_digits
+    from fedweigh.settings import validate
+
+    images = torch.from_numpy(np.stack(load_digits()["train"]["image"]).astype(np.uint8)).unsqueeze(1)
+    x = batch_transform(validate({**DEFAULTS, "normalization": "feature"}))(images, train=False)
+    varying = images.reshape(len(images), -1).float().std(dim=0) > 0
+    flat = x.reshape(len(x), -1).double()
+    assert flat.mean(dim=0).abs().max() < 1e-5
+    assert torch.allclose(flat.std(dim=0, unbiased=False)[varying], torch.ones(int(varying.sum()), dtype=torch.float64))
+    assert (flat[:, ~varying] == 0).all()
+    channel = batch_transform(validate(DEFAULTS))(images, train=False)
+    assert not torch.allclose(channel, x)  # the default stays per channel
+
+
+def test_normalization_names_what_it_accepts_and_refuses_a_model_that_resizes():
+    from fedweigh.data.federated import dataset_info, feature_normalization
+    from fedweigh.data.transforms import BatchTransform
+
+    with pytest.raises(SettingsError, match="normalization.*'channel'.*'feature'"):
+        check_run({**DEFAULTS, "normalization": "pixel"})
+    with pytest.raises(ValueError, match="normalization = 'feature'.*accepted: normalization = 'channel'"):
+        BatchTransform(dataset_info("digits"), False, size=224, per_feature=feature_normalization("digits"))

@@ -49,7 +49,10 @@ from fedweigh.data.partitioning import PARTITIONERS, build_partitioner
 from fedweigh.data.sources import (
     DatasetInfo,
     describe,
+    feature_stats,
     load_digits,
+    load_train_split,
+    pixel_moments,
     resolve_source,
     split_columns,
     split_location,
@@ -189,6 +192,28 @@ def dataset_info(dataset: str) -> DatasetInfo:
 @functools.cache
 def _dataset_info(dataset: str) -> DatasetInfo:
     return describe(resolve_source(dataset))
+
+
+def feature_normalization(dataset: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and std of every pixel of a dataset's train split, ``[C, H, W]`` float32 (``normalization = 'feature'``).
+
+    Fitted on the whole train split (:func:`fedweigh.data.sources.feature_stats`),
+    as the UFL spec's Target B standardises the digits; cached.
+
+    >>> mean, std = feature_normalization("digits")
+    >>> mean.shape, bool((std > 0).all())
+    (torch.Size([1, 8, 8]), True)
+    """
+    return _feature_normalization(validate_dataset_setting(dataset))
+
+
+@functools.cache
+def _feature_normalization(dataset: str) -> tuple[torch.Tensor, torch.Tensor]:
+    info = _dataset_info(dataset)
+    train = load_train_split(resolve_source(dataset))
+    moments = pixel_moments(train, info.image_column, channels=info.in_channels, image_size=info.image_size)
+    mean, std = feature_stats(moments)
+    return torch.from_numpy(mean).float(), torch.from_numpy(std).float()
 
 
 @functools.cache
@@ -366,5 +391,12 @@ def _edited_partition(spec: DataSpec, partition_id: int) -> ImageTensors:
 def clear_caches() -> None:
     """Forget every cached dataset, partition and description of this process."""
     with _LOCK:
-        for cached in (_load_partition, _partition_edits, _load_test_split, _federation, _dataset_info):
+        for cached in (
+            _load_partition,
+            _partition_edits,
+            _load_test_split,
+            _federation,
+            _dataset_info,
+            _feature_normalization,
+        ):
             cached.cache_clear()

@@ -492,7 +492,16 @@ def split_location(source: DataSource, split: str = "train") -> str:
     return f"dataset {source.location!r} ({split} split)"
 
 
-def channel_stats(
+@dataclass(frozen=True)
+class PixelMoments:
+    """Sum and sum of squares of every pixel in ``[0, 1]`` (each ``[C, H, W]``) over ``count`` images."""
+
+    total: np.ndarray
+    squares: np.ndarray
+    count: int
+
+
+def pixel_moments(
     train: datasets.Dataset,
     image_column: str,
     *,
@@ -500,8 +509,8 @@ def channel_stats(
     image_size: int,
     max_images: int = STATS_SAMPLE_SIZE,
     chunk: int = 2_000,
-) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and standard deviation of pixel values in ``[0, 1]``.
+) -> PixelMoments:
+    """The pixel moments of a train split, for :func:`channel_stats` and :func:`feature_stats`.
 
     Uses the whole split when it has at most ``max_images`` images, otherwise a
     sample of ``max_images`` drawn with seed 0; decodes ``chunk`` images at a time.
@@ -509,18 +518,46 @@ def channel_stats(
     rows = np.arange(train.num_rows)
     if train.num_rows > max_images:
         rows = np.sort(np.random.default_rng(0).choice(train.num_rows, size=max_images, replace=False))
-    total = np.zeros(channels)
-    squares = np.zeros(channels)
-    count = 0
+    total = np.zeros((channels, image_size, image_size))
+    squares = np.zeros((channels, image_size, image_size))
     for start in range(0, len(rows), chunk):
         part = train.select(rows[start : start + chunk])
         images = decode_images(part, image_column, channels=channels, image_size=image_size).double() / 255.0
-        total += images.sum(dim=(0, 2, 3)).numpy()
-        squares += (images**2).sum(dim=(0, 2, 3)).numpy()
-        count += images.shape[0] * images.shape[2] * images.shape[3]
+        total += images.sum(dim=0).numpy()
+        squares += (images**2).sum(dim=0).numpy()
+    return PixelMoments(total, squares, len(rows))
+
+
+def _mean_std(total: np.ndarray, squares: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
     mean = total / count
-    std = np.sqrt(np.maximum(squares / count - mean**2, 0.0))
+    return mean, np.sqrt(np.maximum(squares / count - mean**2, 0.0))
+
+
+def channel_stats(moments: PixelMoments) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and standard deviation of pixel values in ``[0, 1]``, rounded to 4 decimals.
+
+    >>> moments = PixelMoments(np.full((1, 2, 2), 1.0), np.full((1, 2, 2), 1.0), count=2)  # pixels 0 and 1
+    >>> channel_stats(moments)
+    ((0.5,), (0.5,))
+    """
+    pixels = moments.count * moments.total.shape[1] * moments.total.shape[2]
+    mean, std = _mean_std(moments.total.sum(axis=(1, 2)), moments.squares.sum(axis=(1, 2)), pixels)
     return tuple(round(float(m), 4) for m in mean), tuple(round(float(s), 4) for s in std)
+
+
+def feature_stats(moments: PixelMoments) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard deviation of every pixel (feature) in ``[0, 1]``, each ``[C, H, W]``.
+
+    scikit-learn's ``StandardScaler`` semantics: population std (ddof = 0),
+    and 1 where a pixel is constant (so it maps to 0, not to a division by
+    zero).
+
+    >>> mean, std = feature_stats(PixelMoments(np.array([[[1.0, 0.0]]]), np.array([[[1.0, 0.0]]]), count=2))
+    >>> mean.tolist(), std.tolist()  # pixel 1 is always 0
+    ([[[0.5, 0.0]]], [[[0.5, 1.0]]])
+    """
+    mean, std = _mean_std(moments.total, moments.squares, moments.count)
+    return mean, np.where(std > 1e-12, std, 1.0)
 
 
 def describe(source: DataSource, train: datasets.Dataset | None = None) -> DatasetInfo:
@@ -560,7 +597,7 @@ def _describe(source: DataSource, train: datasets.Dataset | None) -> DatasetInfo
         mean, std = known.mean, known.std
     else:
         try:
-            mean, std = channel_stats(train, image_column, channels=channels, image_size=height)
+            mean, std = channel_stats(pixel_moments(train, image_column, channels=channels, image_size=height))
         except (ValueError, OSError, RuntimeError) as err:
             reason = _reason(err).removeprefix("ValueError: ")
             raise ValueError(f"{where}: {reason}" + ("" if "accepted" in reason else f"; {FILES_ACCEPTED}")) from None

@@ -126,6 +126,10 @@ class BatchTransform:
     mean, std : sequence of float, optional
         Normalisation of a pretrained model's weights, replacing the
         dataset's own statistics.
+    per_feature : pair of torch.Tensor, optional
+        Mean and std of every pixel, each ``[C, H, W]`` (``normalization =
+        'feature'``): ``(x - mean) / std`` element-wise instead of per channel.
+        Only at the dataset's own size and channels, without ``mean``/``std``.
 
     Examples
     --------
@@ -151,6 +155,7 @@ class BatchTransform:
         channels: int | None = None,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
+        per_feature: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         self.channels = channels if channels and channels != info.in_channels else None
         if self.channels not in (None, 3) or (self.channels == 3 and info.in_channels != 1):
@@ -160,6 +165,15 @@ class BatchTransform:
         self.std = tuple(std) if std is not None else tuple(info.std) * replicate
         self.size = size if size and size != info.image_size else None
         self.crop_flip = bool(augment) and info.augment == "crop-flip"
+        shape = (info.in_channels, info.image_size, info.image_size)
+        if per_feature is not None and (
+            self.size or self.channels or mean is not None or per_feature[0].shape != shape
+        ):
+            raise ValueError(
+                "normalization = 'feature' standardises every pixel of the dataset's own images; the model needs "
+                "another input size, channels or normalisation; accepted: normalization = 'channel' with this model"
+            )
+        self.per_feature = per_feature
 
     def __repr__(self) -> str:
         return (
@@ -190,4 +204,7 @@ class BatchTransform:
             x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False, antialias=False)
         if self.channels is not None:
             x = x.expand(-1, self.channels, -1, -1)
+        if self.per_feature is not None:
+            mean, std = self.per_feature
+            return (x - mean.to(x.device, x.dtype)) / std.to(x.device, x.dtype)
         return normalize(x, self.mean, self.std)
