@@ -238,7 +238,9 @@ def test_plaintext_supernode_is_refused(federation):
     assert "Option `--insecure` was set" in log
     assert re.search(r"Giving up reconnection after [\d.]+ seconds and 2 tries", log), log
     assert "Failed to initialize the connection to the SuperLink" in log
-    assert "Server disconnected without sending a response" in log  # the SuperLink hung up at the TLS layer
+    # The SuperLink hung up at the TLS layer: seen as a close before any response, or as a reset when the
+    # SuperLink's TLS stack answers the plaintext bytes with an RST first (CI saw it on a loaded machine).
+    assert re.search(r"Server disconnected without sending a response|\[Errno 104\] Connection reset by peer", log), log
     assert "SuperNode ID" not in log and federation.node_states() == states
     if federation.topology.isolated:  # not one request from its address reached the API
         assert f"{federation.topology.hosts[PLAINTEXT].address}:" not in federation.processes[0].text()
