@@ -7,10 +7,10 @@ so that server and clients can never disagree on them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Mapping
-from dataclasses import fields
 from typing import Any
 
 import torch
@@ -71,7 +71,8 @@ def data_spec(settings: Settings, num_partitions: int) -> DataSpec:
     the same name, except the number of partitions and the seed (the data
     seed: ``partition-seed``, or the run's seed).
     """
-    values = {f.name: getattr(settings, f.name) for f in fields(DataSpec) if f.name not in ("num_partitions", "seed")}
+    names = [f.name for f in dataclasses.fields(DataSpec) if f.name not in ("num_partitions", "seed")]
+    values = {name: getattr(settings, name) for name in names}
     return DataSpec(**values, num_partitions=num_partitions, seed=settings.data_seed)
 
 
@@ -87,8 +88,16 @@ def fine_tuning(settings: Settings) -> FineTuning:
 
 
 def input_of(settings: Settings) -> ModelInput:
-    """The input the run's model needs (its size, channels and normalisation; None: the dataset's)."""
-    return model_input(settings.model, **settings.model_options())
+    """The input the run's model needs (its size, channels and normalisation; None: the dataset's).
+
+    ``normalization-mean`` and ``normalization-std``, when set, replace the
+    normalisation (the dataset's statistics, or a pretrained model's).
+    """
+    needs = model_input(settings.model, **settings.model_options())
+    statistics = settings.channel_statistics
+    if statistics is None:
+        return needs
+    return dataclasses.replace(needs, mean=statistics[0], std=statistics[1])
 
 
 def new_model(settings: Settings, *, pretrained_weights: bool = True) -> nn.Module:

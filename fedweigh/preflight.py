@@ -141,6 +141,15 @@ def combination_problems(settings: Settings) -> list[str]:
             batch_transform(settings)
         except ValueError as err:
             problems.append(f"model = {settings.model!r}: {err}")
+    if settings.channel_statistics is not None:
+        try:
+            batch_transform(settings)
+        except ValueError as err:
+            problems.append(
+                f"normalization-mean = {settings.normalization_mean!r} and normalization-std = "
+                f"{settings.normalization_std!r} do not fit model = {settings.model!r} on dataset = "
+                f"{settings.dataset!r}: {err}; accepted: one value per channel of the model's input"
+            )
     if settings.final_uncertainty:
         try:
             ensure_mc_dropout(model, settings.ufl.dropout)

@@ -32,6 +32,7 @@ fedweigh.settings.SettingsError: invalid run config:
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -157,6 +158,9 @@ class OUIProbeSettings(_Section):
 
     probe_size: int = Field(32, ge=2)  # B, probe samples per client
     probe_layer: str = ""  # module to hook; "" means the model's own probe_layer
+    # eval: the fixed images through the evaluation transform (the paper's fixed probe); train: re-augmented
+    # every round by the training transform, as the authors' code loads them (spec §3, A3)
+    probe_transform: Literal["eval", "train"] = "eval"
 
 
 class FedAlignSettings(_Section):
@@ -254,6 +258,9 @@ class FedFTSettings(_Section):
     batch_size: int = Field(64, ge=1)
 
 
+PARTITIONERS = ("iid", "dirichlet", "soft-capped-dirichlet", "pathological", "shard")
+"""Accepted values of the ``partitioner`` setting (:mod:`fedweigh.data.partitioning` builds them)."""
+
 TRACKERS = ("tensorboard", "mlflow")
 """What ``tracking`` may name, comma-separated (or ``none``); :mod:`fedweigh.tracking` says what each one writes."""
 
@@ -344,7 +351,7 @@ class Settings(_Section):
     tracking_experiment: str = ""  # MLflow's experiment; "": fedweigh (an experiment grid: its name)
     # data
     dataset: str = "digits"
-    partitioner: Literal["iid", "dirichlet", "pathological", "shard"] = "dirichlet"
+    partitioner: Literal[PARTITIONERS] = "dirichlet"
     partition_seed: int = Field(-1, ge=-1)  # -1: the run's seed
     dirichlet_alpha: float = Field(0.5, gt=0.0)
     dirichlet_self_balancing: bool = False
@@ -357,6 +364,9 @@ class Settings(_Section):
     augment: bool = True
     # channel: one mean and std per channel; feature: per pixel, fitted on the train split (StandardScaler)
     normalization: Literal["channel", "feature"] = "channel"
+    # channel statistics, one comma-separated value per input channel; "": the dataset's own (a pretrained model's)
+    normalization_mean: str = ""
+    normalization_std: str = ""
     rare_clients: float = Field(0.0, ge=0.0, lt=1.0)  # fraction of clients capped at rare-client-cap samples
     rare_client_cap: int = Field(120, ge=1)
     noisy_clients: float = Field(0.0, ge=0.0, le=1.0)  # fraction of clients with symmetric label flips
@@ -471,6 +481,30 @@ class Settings(_Section):
         hidden_sizes(value)
         return value
 
+    @field_validator("normalization_mean", "normalization_std")
+    @classmethod
+    def _channel_values(cls, value: str, info: ValidationInfo) -> str:
+        channel_values(value, positive=info.field_name == "normalization_std")
+        return value
+
+    @model_validator(mode="after")
+    def _statistics_in_pairs(self) -> Settings:
+        if bool(self.normalization_mean) != bool(self.normalization_std):
+            given = "normalization-mean" if self.normalization_mean else "normalization-std"
+            missing = "normalization-std" if self.normalization_mean else "normalization-mean"
+            raise ValueError(f"{given} is set but {missing} is not; accepted: both (one value per channel) or neither")
+        if self.normalization_mean and self.normalization == "feature":
+            raise ValueError(
+                f"normalization-mean = {self.normalization_mean!r} gives channel statistics, but normalization = "
+                "'feature' standardises every pixel; accepted: normalization = 'channel' with them, or neither set"
+            )
+        if len(channel_values(self.normalization_mean)) != len(channel_values(self.normalization_std)):
+            raise ValueError(
+                f"normalization-mean = {self.normalization_mean!r} and normalization-std = "
+                f"{self.normalization_std!r} have different lengths; accepted: one value per channel in each"
+            )
+        return self
+
     @field_validator("dataset")
     @classmethod
     def _known_dataset(cls, value: str, info: ValidationInfo) -> str:
@@ -529,6 +563,13 @@ class Settings(_Section):
         return tuple(step_names(self.lora_targets))
 
     @property
+    def channel_statistics(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """``normalization-mean`` and ``normalization-std`` as floats; None when they are not set."""
+        if not self.normalization_mean:
+            return None
+        return channel_values(self.normalization_mean), channel_values(self.normalization_std)
+
+    @property
     def data_seed(self) -> int:
         """The seed of the data split: ``partition-seed``, or the run's seed when that is -1."""
         return self.seed if self.partition_seed < 0 else self.partition_seed
@@ -549,6 +590,23 @@ def hidden_sizes(value: str) -> tuple[int, ...]:
     if len(sizes) != len(parts) or any(size < 1 for size in sizes):
         raise ValueError('accepted: comma-separated positive layer sizes, e.g. "128,128"')
     return sizes
+
+
+def channel_values(value: str, *, positive: bool = False) -> tuple[float, ...]:
+    """``"0.49, 0.48, 0.45"`` to a tuple of finite floats (positive ones if asked); ``""`` to ``()``.
+
+    >>> channel_values("0.2023,0.1994,0.2010", positive=True)
+    (0.2023, 0.1994, 0.201)
+    """
+    parts = [part.strip() for part in value.split(",")] if value.strip() else []
+    try:
+        numbers = tuple(float(part) for part in parts)
+    except ValueError:
+        numbers = (math.nan,)
+    if any(not math.isfinite(x) or (positive and x <= 0) for x in numbers):
+        kind = "positive numbers" if positive else "numbers"
+        raise ValueError(f'accepted: comma-separated finite {kind}, one per channel, e.g. "0.49,0.48,0.45"')
+    return numbers
 
 
 class SettingsError(ValueError):

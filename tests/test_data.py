@@ -39,11 +39,12 @@ from fedweigh.data.sources import (
 )
 from fedweigh.data.tensors import ImageTensors, to_image_tensors
 from fedweigh.data.transforms import BatchTransform, normalize, random_crop_flip
+from fedweigh.settings import PARTITIONERS
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASETS = Path(os.environ.get("FEDWEIGH_DATASETS", ROOT.parent / "shared" / "datasets"))
 DIGITS_TRAIN = 1437
-KINDS = ("iid", "dirichlet", "pathological", "shard")
+KINDS = PARTITIONERS
 
 # flwr-datasets' ShardPartitioner sorts with an argument pyarrow 25 deprecates.
 pytestmark = pytest.mark.filterwarnings("ignore:Specifying null_placement:FutureWarning")
@@ -126,7 +127,7 @@ def _partition_rows(kind: str, seed: int) -> list[list[int]]:
     return [list(partitioner.load_partition(pid)["row"]) for pid in range(10)]
 
 
-@pytest.mark.parametrize("kind", ["dirichlet", "pathological", "shard"])
+@pytest.mark.parametrize("kind", [kind for kind in PARTITIONERS if kind != "iid"])
 def test_partitioner_is_deterministic_given_the_seed(kind: str) -> None:
     assert _partition_rows(kind, seed=5) == _partition_rows(kind, seed=5)
     assert _partition_rows(kind, seed=5) != _partition_rows(kind, seed=6)
@@ -170,7 +171,7 @@ def test_pathological_partitions_hold_at_most_classes_per_client(classes: int) -
 
 
 def test_unknown_partitioner_is_rejected_by_name() -> None:
-    with pytest.raises(ValueError, match=r"partitioner.*'uniform'.*iid, dirichlet, pathological, shard"):
+    with pytest.raises(ValueError, match=r"partitioner.*'uniform'.*" + ", ".join(PARTITIONERS)):
         build_partitioner(
             "uniform", 4, seed=1, dirichlet_alpha=0.5, classes_per_client=2, shards_per_client=2, min_partition_size=0
         )

@@ -62,7 +62,7 @@ from fedweigh.models import model_names
 from fedweigh.preflight import check_run
 from fedweigh.results import read_metrics
 from fedweigh.rules.registry import RULES
-from fedweigh.settings import Settings, SettingsError
+from fedweigh.settings import PARTITIONERS, Settings, SettingsError
 from fedweigh.strategies.registry import UPDATES
 from fedweigh.strategies.updates import WeightedMean
 
@@ -141,7 +141,7 @@ def test_the_helpers_tell_a_clear_refusal_from_an_unclear_one():
 
 WORDS = sorted(
     {*METHODS, *RULES, *CLIENT_STEPS, *model_names()}
-    | {"iid", "dirichlet", "pathological", "shard", "sgd", "adam", "cpu", "auto", "id", "digits", "off", "bf16"}
+    | {*PARTITIONERS, "sgd", "adam", "cpu", "auto", "id", "digits", "off", "bf16"}
     | {"lora", "head", "full", "energy", "sum", "mean", "all", "nan", "scaled", "128,64", "fc1", "0", ""}
 )
 ODD = st.sampled_from(
@@ -316,7 +316,7 @@ def cheap_runs(draw: st.DrawFn) -> dict[str, Any]:
         "local-epochs": 1,
         "train-subset": draw(st.sampled_from([120, 300])),
         "test-subset": draw(st.sampled_from([0, 100])),
-        "partitioner": draw(st.sampled_from(["iid", "dirichlet", "pathological", "shard"])),
+        "partitioner": draw(st.sampled_from(PARTITIONERS)),
         "dirichlet-alpha": draw(st.floats(1e-3, 1e3)),
         "fraction-train": draw(st.floats(0.1, 1.0)),
         "fraction-evaluate": draw(st.sampled_from([0.0, 0.0, 0.5])),

@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -116,6 +117,20 @@ def probe_indices(num_samples: int, probe_size: int, seed: int, partition_id: in
     return torch.randint(0, num_samples, (probe_size,), generator=generator)
 
 
+def probe_generator(seed: int, partition_id: int, server_round: int) -> torch.Generator:
+    """The generator augmenting a client's probe in a round (``oui.probe-transform = 'train'``).
+
+    Seeded from ``(seed, partition_id, server_round)``: a different crop and
+    flip every round and client, the same ones in a rerun.
+
+    >>> a = probe_generator(1, 2, 3).initial_seed()
+    >>> a == probe_generator(1, 2, 3).initial_seed(), a == probe_generator(1, 2, 4).initial_seed()
+    (True, False)
+    """
+    state = np.random.SeedSequence([seed, partition_id, server_round]).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 31 | int(state[1]) >> 1)
+
+
 def resolve_probe_layer(model: nn.Module, layer: str) -> nn.Module:
     """The module to hook: ``layer`` if given, else the model's own ``probe_layer``."""
     name = layer or getattr(model, "probe_layer", "")
@@ -170,9 +185,12 @@ class OUIProbe(ClientStep):
     """After local training: the trained model's OUI on the client's fixed probe batch.
 
     Options (``[oui]``): ``probe-size`` (B) and ``probe-layer`` (default: the
-    model's ``probe_layer``). The probe is drawn with the run's seed and the
-    partition id, and goes through the evaluation transform (no
-    augmentation), so it is the same every round (spec §3, A3). Replies
+    model's ``probe_layer``) and ``probe-transform``. The probe is drawn
+    with the run's seed and the partition id, and by default goes through
+    the evaluation transform (no augmentation), so it is the same every
+    round (spec §3, A3); ``probe-transform = 'train'`` augments the same
+    images anew every round (:func:`probe_generator`), as the authors' code
+    does. Replies
     ``{"oui": value, "oui-probe-size": B}``.
     """
 
@@ -187,5 +205,9 @@ class OUIProbe(ClientStep):
         layer = resolve_probe_layer(context.model, options.probe_layer)
         positions = probe_indices(len(context.data), options.probe_size, context.run_seed, context.partition_id)
         images = context.data.images[positions.to(context.data.images.device)]
-        inputs = context.transform(images.to(context.device), train=False)
+        if options.probe_transform == "train":
+            generator = probe_generator(context.run_seed, context.partition_id, context.server_round)
+            inputs = context.transform(images.to(context.device), train=True, generator=generator)
+        else:
+            inputs = context.transform(images.to(context.device), train=False)
         return {OUI: probe_oui(context.model, layer, inputs), PROBE_SIZE_METRIC: float(options.probe_size)}

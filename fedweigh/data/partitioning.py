@@ -1,6 +1,6 @@
 """How the train split is divided among clients: the ``partitioner`` setting.
 
-Four kinds, each a Flower Datasets partitioner:
+Five kinds, each a Flower Datasets partitioner:
 
 ``"iid"``
     :class:`~flwr_datasets.partitioner.IidPartitioner`: equal contiguous
@@ -13,6 +13,10 @@ Four kinds, each a Flower Datasets partitioner:
     than N/K (as NIID-Bench's and FLood's code do). ``min_partition_size`` is
     reached by drawing again (up to 10 times); with ``top_up``, when that
     fails, by a seeded top-up of one draw (:mod:`fedweigh.data.top_up`).
+``"soft-capped-dirichlet"``
+    The FedOUI authors' Dirichlet split
+    (:mod:`fedweigh.data.soft_capped`): a client's share of each class
+    shrinks as it fills up; ``min_partition_size`` by drawing again.
 ``"pathological"``
     :class:`~flwr_datasets.partitioner.PathologicalPartitioner`: each client
     holds exactly ``classes_per_client`` classes. Class ``i mod K`` goes to
@@ -39,11 +43,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fedweigh.settings import PARTITIONERS
+
 if TYPE_CHECKING:
     from flwr_datasets.partitioner import Partitioner
-
-PARTITIONERS = ("iid", "dirichlet", "pathological", "shard")
-"""Accepted values of the ``partitioner`` setting."""
 
 
 def build_partitioner(
@@ -63,21 +66,22 @@ def build_partitioner(
 
     Parameters
     ----------
-    kind : {"iid", "dirichlet", "pathological", "shard"}
+    kind : {"iid", "dirichlet", "soft-capped-dirichlet", "pathological", "shard"}
         See the module docstring.
     num_partitions : int
         Number of clients.
     seed : int
         Seeds every random choice of the partitioner.
     dirichlet_alpha : float
-        Concentration of the Dirichlet distribution (``"dirichlet"`` only).
+        Concentration of the Dirichlet distribution (the two Dirichlet kinds).
     classes_per_client : int
         Classes per client (``"pathological"`` only).
     shards_per_client : int
         Shards per client (``"shard"`` only).
     min_partition_size : int
-        Smallest acceptable client (``"dirichlet"`` only): the Dirichlet draw
-        is repeated, up to 10 times, until every client has this many samples.
+        Smallest acceptable client (the two Dirichlet kinds): the Dirichlet
+        draw is repeated, up to 10 times (``"soft-capped-dirichlet"``: 1,000),
+        until every client has this many samples.
     label_column : str
         Column holding the labels that non-IID partitioners divide by.
     self_balancing : bool
@@ -95,10 +99,10 @@ def build_partitioner(
     Examples
     --------
     >>> build_partitioner("uniform", 10, seed=1, dirichlet_alpha=0.5, classes_per_client=2,
-    ...                   shards_per_client=2, min_partition_size=0)
+    ...                   shards_per_client=2, min_partition_size=0)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: invalid setting partitioner = 'uniform'; accepted: iid, dirichlet, pathological, shard
+    ValueError: invalid setting partitioner = 'uniform'; accepted: iid, dirichlet, soft-capped-dirichlet, ...
     """
     if kind not in PARTITIONERS:
         raise ValueError(f"invalid setting partitioner = {kind!r}; accepted: {', '.join(PARTITIONERS)}")
@@ -114,6 +118,7 @@ def build_partitioner(
         ShardPartitioner,
     )
 
+    from fedweigh.data.soft_capped import SoftCappedDirichletPartitioner
     from fedweigh.data.top_up import MinimumSizeTopUp
 
     if kind == "iid":
@@ -136,6 +141,14 @@ def build_partitioner(
                 dirichlet(min_partition_size), dirichlet(0), num_partitions, min_partition_size, seed
             )
         return dirichlet(min_partition_size)
+    if kind == "soft-capped-dirichlet":
+        return SoftCappedDirichletPartitioner(
+            num_partitions,
+            partition_by=label_column,
+            alpha=dirichlet_alpha,
+            min_partition_size=min_partition_size,
+            seed=seed,
+        )
     if kind == "pathological":
         return PathologicalPartitioner(
             num_partitions=num_partitions,

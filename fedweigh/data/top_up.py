@@ -29,15 +29,16 @@ from __future__ import annotations
 
 import warnings
 
-import datasets
 import numpy as np
 from flwr_datasets.partitioner import Partitioner
+
+from fedweigh.data.row_partitioner import RowPartitioner
 
 ROW_COLUMN = "__fedweigh_row__"
 """Temporary column carrying each sample's row number through the wrapped partitioner."""
 
 
-class MinimumSizeTopUp(Partitioner):
+class MinimumSizeTopUp(RowPartitioner):
     """``first``'s partitions if it can build them; else ``fallback``'s, topped up to the minimum.
 
     Parameters
@@ -58,30 +59,18 @@ class MinimumSizeTopUp(Partitioner):
     def __init__(
         self, first: Partitioner, fallback: Partitioner, num_partitions: int, min_partition_size: int, seed: int
     ) -> None:
-        super().__init__()
+        super().__init__(num_partitions)
         self.first = first
         self.fallback = fallback
-        self._num_partitions = num_partitions
         self.min_partition_size = min_partition_size
         self.seed = seed
         self.moved = 0
-        self._rows: list[np.ndarray] | None = None
-
-    @property
-    def num_partitions(self) -> int:
-        return self._num_partitions
-
-    def load_partition(self, partition_id: int) -> datasets.Dataset:
-        """Partition ``partition_id`` (the partitions are computed once, on the first call)."""
-        if self._rows is None:
-            self._rows = self._determine()
-        return self.dataset.select(self._rows[partition_id])
 
     def _rows_of(self, partitioner: Partitioner) -> list[np.ndarray]:
         partitioner.dataset = self.dataset.add_column(ROW_COLUMN, np.arange(self.dataset.num_rows))
         return [np.asarray(partitioner.load_partition(k)[ROW_COLUMN]) for k in range(self.num_partitions)]
 
-    def _determine(self) -> list[np.ndarray]:
+    def divide(self) -> list[np.ndarray]:
         total, needed = self.dataset.num_rows, self.num_partitions * self.min_partition_size
         if needed > total:
             raise ValueError(

@@ -163,6 +163,11 @@ class BatchTransform:
         replicate = 3 if self.channels else 1
         self.mean = tuple(mean) if mean is not None else tuple(info.mean) * replicate
         self.std = tuple(std) if std is not None else tuple(info.std) * replicate
+        expected = self.channels or info.in_channels
+        if len(self.mean) != expected or len(self.std) != expected:
+            raise ValueError(
+                f"normalisation mean {self.mean} and std {self.std} need one value per input channel, {expected} here"
+            )
         self.size = size if size and size != info.image_size else None
         self.crop_flip = bool(augment) and info.augment == "crop-flip"
         shape = (info.in_channels, info.image_size, info.image_size)
