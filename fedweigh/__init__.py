@@ -10,3 +10,9 @@ Layers, from the bottom up (a module imports only from layers below it; see docs
 4. the apps (:mod:`~fedweigh.server_app`, :mod:`~fedweigh.client_app`), :mod:`~fedweigh.launch`;
 5. :mod:`~fedweigh.experiments`, :mod:`~fedweigh.benchmarks`, :mod:`~fedweigh.cli`.
 """
+
+from fedweigh.engine import prepare_if_simulating
+
+# In a simulation process the app is imported before Flower's engine starts its message loop: the moment to
+# make the hand-off event-driven (fedweigh/engine.py). Elsewhere (a SuperNode, the CLI, tests) nothing happens.
+prepare_if_simulating()

@@ -44,6 +44,7 @@ from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.build import build_strategy
 from fedweigh.strategies.replay import ReplayGrid
 from fedweigh.strategies.sampling import NodeDirectory
+from fedweigh.strategies.wakeup import wakeup_grid
 from fedweigh.tracking import open_trackers
 
 logger = logging.getLogger("flwr.fedweigh")
@@ -159,6 +160,7 @@ def main(grid: Grid, context: Context) -> None:
             f"accepted: num-server-rounds above {start_round}"
         )
 
+    grid = wakeup_grid(grid, settings.event_driven_simulation)  # a simulation: replies picked up when stored
     directory = NodeDirectory()
     nodes = directory.await_federation(grid, settings.min_train_nodes)
     num_partitions = directory.num_partitions or len(nodes)

@@ -329,6 +329,8 @@ class Settings(_Section):
     fraction_evaluate: float = Field(0.0, ge=0.0, le=1.0)
     max_staleness: int = Field(0, ge=0)  # rounds a reply's model may lag behind and still be used
     round_timeout: float = Field(3600.0, gt=0.0, allow_inf_nan=False)  # seconds a round waits for replies
+    # simulation: the engine hands messages on when they are stored (false: Flower 1.41's 0.1 s polling loops)
+    event_driven_simulation: bool = True
     # robust aggregation, off by default (the papers' methods as published)
     update_norm_bound: float = Field(0.0, ge=0.0, allow_inf_nan=False)  # cap ||update|| at this x the round's median
     trimmed_mean: float = Field(0.0, ge=0.0, lt=0.5)  # share trimmed at each end, per coordinate; 0: the plain mean

@@ -77,6 +77,28 @@ def test_tables_render_every_benchmark_report():
         ]
     }
     assert "| s | 3 | 10.0 | 20.0 | 2.00x | 1.10x | 0.20 | 9.0 | 30 | yes |" in render_table("overhead", overhead)
+    overhead["peer"] = {
+        "rounds": 30,
+        "fedweigh_seconds": 30.0,
+        "vanilla_seconds": 40.0,
+        "ratio": 0.75,
+        "fedweigh_round_seconds": 0.7,
+        "vanilla_round_seconds": 0.8,
+        "round_ratio": 0.875,
+    }
+    assert "| 30 | 30.0 | 40.0 | 0.75x | 0.700 | 0.800 | 0.88x |" in render_table("overhead", overhead)
+
+
+def test_the_peer_apps_get_the_same_work():
+    """Every setting the vanilla peer receives goes to fedweigh's side with the same value, and both apps know it."""
+    from fedweigh.benchmarks.overhead import VANILLA_APP, peer_settings
+    from fedweigh.settings import validate
+
+    ours, theirs = peer_settings(rounds=7)
+    assert all(ours[key] == value for key, value in theirs.items())
+    assert set(theirs) <= set(load_app_config(VANILLA_APP))
+    settings = validate({**load_app_config(REPO), **ours})
+    assert settings.fraction_train == 1.0 and not settings.augment and settings.num_server_rounds == 7
     methods = {"setting": "s", "strategies": [{"strategy": "fedavg", "status": "ok", "round_seconds": 1.0}]}
     assert "| fedavg | 1.00 |" in render_table("methods", methods)
     scale = {"clients": [{"clients": 100, "status": "ok", "peak_pss_mb": 900.0, "round_seconds": 0.5}]}

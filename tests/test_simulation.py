@@ -253,3 +253,36 @@ def test_fedweigh_simulate_refuses_a_bad_run_config_before_starting_anything(cap
     error = capsys.readouterr().err
     assert "aggregation = 'median': unknown aggregation rule; accepted:" in error
     assert not list((REPO / ".flwr").glob(f"superlink-{port}.pid"))  # no SuperLink was started
+
+
+def test_the_event_driven_hand_off_runs_and_changes_no_result(shared_simulation, output_dir):
+    """The engine's loop is fedweigh's (fedweigh/engine.py) and hands messages on when stored; switched off,
+    Flower's polling gives the very same metrics."""
+    logs = {}
+    rows = {}
+    for name, driven in (("driven", True), ("polling", False)):
+        log = output_dir / f"{name}.log"
+        outcome = shared_simulation.run(
+            {**SMALL, "output-dir": str(output_dir), "run-name": name, "event-driven-simulation": driven},
+            num_supernodes=4,
+            echo=False,
+            log_path=log,
+        )
+        assert outcome.ok, f"{name}: {outcome.status} {outcome.details}"
+        logs[name] = log.read_text()
+        rows[name] = without_timing(read_metrics(outcome.results_dir))
+    assert "simulation hand-off: replies event-driven; the engine's loop event-driven" in logs["driven"]
+    assert "Flower's 0.1 s polling (event-driven-simulation = false)" in logs["polling"]
+    assert rows["driven"] == rows["polling"]
+
+
+def test_the_vanilla_flower_peer_of_the_overhead_benchmark_runs(shared_simulation, output_dir):
+    from fedweigh.benchmarks.overhead import VANILLA_APP, peer_settings
+
+    _, config = peer_settings(rounds=2)
+    config |= {"output-dir": str(output_dir), "run-name": "vanilla", "train-subset": 100, "test-subset": 50}
+    outcome = shared_simulation.run(config, num_supernodes=5, echo=False, app_dir=VANILLA_APP)
+    assert outcome.ok, f"{outcome.status} {outcome.details}"
+    rows = read_metrics(outcome.results_dir)
+    assert [row["round"] for row in rows] == [1, 2]
+    assert all(0.0 <= row["accuracy"] <= 1.0 and row["seconds"] > 0 for row in rows)

@@ -87,7 +87,24 @@ def render_table(name: str, report: dict[str, Any]) -> str:
             "rounds for ≤1.3x",
             "same accuracies",
         ]
-        return markdown_table(header, rows)
+        table = markdown_table(header, rows)
+        if peer := report.get("peer"):
+            table += "\n\nfedweigh's FedAvg against vanilla Flower (FedAvg, a plain ClientApp), the same work:\n\n"
+            table += markdown_table(
+                ["rounds", "fedweigh s", "vanilla s", "ratio", "fedweigh s/round", "vanilla s/round", "round ratio"],
+                [
+                    [
+                        peer["rounds"],
+                        _fmt(peer["fedweigh_seconds"], 1),
+                        _fmt(peer["vanilla_seconds"], 1),
+                        f"{peer['ratio']:.2f}x",
+                        _fmt(peer["fedweigh_round_seconds"], 3),
+                        _fmt(peer["vanilla_round_seconds"], 3),
+                        _fmt(peer["round_ratio"]) + "x" if peer["round_ratio"] else "–",
+                    ]
+                ],
+            )
+        return table
     if name == "methods":
         rows = [
             [
@@ -261,10 +278,17 @@ def _feddle_tables(report: dict[str, Any]) -> str:
 
 
 def _overhead(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
-    from fedweigh.benchmarks.common import fednolowe_mnist, fedoui_cifar10
-    from fedweigh.benchmarks.overhead import TARGET_RATIO, federation_overhead
+    from fedweigh.benchmarks.common import Setting, fednolowe_mnist, fedoui_cifar10
+    from fedweigh.benchmarks.overhead import TARGET_RATIO, federation_overhead, vanilla_peer
 
     settings = [fedoui_cifar10(3)] if quick else [fedoui_cifar10(10), fedoui_cifar10(60), fednolowe_mnist(5)]
+    # Before and after the event-driven hand-off (strategies/wakeup.py): the CIFAR-10 settings again with
+    # Flower's own 0.1 s polling loops.
+    settings += [
+        Setting(f"{s.name}-polling", {**s.run_config, "event-driven-simulation": False}, s.num_supernodes)
+        for s in settings
+        if s.name.startswith("fedoui")
+    ]
     results = []
     for setting in settings:
         result = federation_overhead(setting, sim, repeats=1 if quick else 2)
@@ -280,7 +304,8 @@ def _overhead(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
         needed = (sim_fixed - TARGET_RATIO * bare_fixed) / margin if margin > 0 else None
         result["rounds_to_target"] = max(0.0, needed) if needed is not None else None
         results.append(result)
-    return {"settings": results}
+    peer = vanilla_peer(sim, rounds=5 if quick else 30, repeats=1 if quick else 2)
+    return {"settings": results, "peer": peer}
 
 
 def _methods(quick: bool, sim: Any, strategies: list[str] | None) -> dict[str, Any]:

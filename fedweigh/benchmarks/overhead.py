@@ -40,7 +40,7 @@ import numpy as np
 
 from fedweigh.benchmarks.common import APP_DIR, CpuSampler, Setting, run_timed, simulation_roots
 
-__all__ = ["TARGET_RATIO", "federation_overhead", "run_bare", "warm_data_cache"]
+__all__ = ["TARGET_RATIO", "federation_overhead", "run_bare", "vanilla_peer", "warm_data_cache"]
 
 TARGET_RATIO = 1.3
 
@@ -165,4 +165,86 @@ def federation_overhead(setting: Setting, sim: Any, output_dir: Path | None = No
         "simulation_cpu_seconds_by_process": cpu_by_process,
         "same_accuracies": timed.accuracies() == bare["accuracies"],
         "accuracies": {"simulation": timed.accuracies(), "bare": bare["accuracies"]},
+    }
+
+
+VANILLA_APP = APP_DIR / "benchmarks" / "vanilla_fedavg"
+"""The vanilla peer: Flower's FedAvg and a plain ClientApp, no fedweigh import (its pyproject says more)."""
+
+
+def peer_settings(rounds: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The same work for both apps: 5 clients, all of them every round, 750 CIFAR-10 images, the FedOUI CNN.
+
+    All clients train every round, so the two apps' different client sampling cannot make their rounds
+    differ in work; no augmentation (the vanilla client has none); central evaluation on 1,000 images.
+    """
+    from fedweigh.benchmarks.common import dataset_folder
+
+    dataset = dataset_folder("cifar10")
+    shared = {"num-server-rounds": rounds, "dataset": dataset, "train-subset": 750, "test-subset": 1000}
+    shared |= {"local-epochs": 1, "batch-size": 32, "learning-rate": 0.01, "momentum": 0.9, "seed": 1}
+    fedweigh = {
+        **shared,
+        "strategy": "fedavg",
+        "model": "fedoui-cnn",
+        "partitioner": "iid",
+        "fraction-train": 1.0,
+        "min-train-nodes": 5,
+        "weight-decay": 0.0,
+        "augment": False,
+        "eval-batch-size": 256,
+    }
+    return fedweigh, shared
+
+
+def vanilla_peer(sim: Any, rounds: int = 30, repeats: int = 2, output_dir: Path | None = None) -> dict[str, Any]:
+    """fedweigh's FedAvg against the vanilla Flower app, the same work on the same engine, alternating.
+
+    Returns each side's fastest run: wall seconds (``flwr run`` to finished),
+    mean round seconds (rounds 2..T, the ServerApp's own clock), and the
+    ratios fedweigh / vanilla.
+    """
+    from fedweigh.benchmarks.common import run_timed
+    from fedweigh.results import read_metrics
+
+    if not (VANILLA_APP / "pyproject.toml").is_file():
+        raise RuntimeError(f"the vanilla peer app is missing: {VANILLA_APP} (it ships with the repository)")
+    ours_config, vanilla_config = peer_settings(rounds)
+    cpus = os.cpu_count() or 1
+    ours: list[tuple[float, list[float]]] = []
+    theirs: list[tuple[float, list[float]]] = []
+
+    def run_ours(index: int) -> None:
+        with tempfile.TemporaryDirectory(dir=output_dir) as scratch:
+            config = {**ours_config, "output-dir": scratch, "run-name": f"peer-fedweigh-{index}"}
+            timed = run_timed(sim, config, 5, cpus_per_client=cpus)
+            if not timed.ok:
+                raise RuntimeError(f"fedweigh's side of the peer benchmark ended {timed.status}")
+            ours.append((timed.wall_seconds, timed.round_seconds()))
+
+    def run_vanilla(index: int) -> None:
+        with tempfile.TemporaryDirectory(dir=output_dir) as scratch:
+            config = {**vanilla_config, "output-dir": scratch, "run-name": f"peer-vanilla-{index}"}
+            outcome = sim.run(config, num_supernodes=5, cpus_per_client=cpus, app_dir=VANILLA_APP, echo=False)
+            if not outcome.ok or outcome.results_dir is None:
+                raise RuntimeError(f"the vanilla peer ended {outcome.status}: {outcome.details}")
+            rows = read_metrics(outcome.results_dir)
+            theirs.append((outcome.timings["total_s"], [row["seconds"] for row in rows]))
+
+    for index in range(repeats):
+        first, second = (run_ours, run_vanilla) if index % 2 == 0 else (run_vanilla, run_ours)
+        first(index)
+        second(index)
+    best_ours, best_theirs = min(ours), min(theirs)
+    round_ours, round_theirs = _mean(best_ours[1][1:]), _mean(best_theirs[1][1:])
+    return {
+        "rounds": rounds,
+        "fedweigh_seconds": round(best_ours[0], 2),
+        "vanilla_seconds": round(best_theirs[0], 2),
+        "ratio": round(best_ours[0] / best_theirs[0], 3),
+        "fedweigh_round_seconds": round(round_ours, 4) if round_ours else None,
+        "vanilla_round_seconds": round(round_theirs, 4) if round_theirs else None,
+        "round_ratio": round(round_ours / round_theirs, 3) if round_ours and round_theirs else None,
+        "all_walls": {"fedweigh": [round(w, 2) for w, _ in ours], "vanilla": [round(w, 2) for w, _ in theirs]},
+        "repeats": repeats,
     }

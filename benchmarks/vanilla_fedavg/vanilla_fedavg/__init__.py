@@ -1,0 +1,1 @@
+"""A vanilla Flower app: Flower's FedAvg and a plain ClientApp (the peer of fedweigh's overhead benchmark)."""

@@ -1,0 +1,211 @@
+"""Event-driven message hand-off in Flower 1.41's simulation engine: the one place fedweigh changes Flower.
+
+In a simulation, the ServerApp and the engine share one in-memory link state,
+and two loops of Flower 1.41 poll it: the engine's extractor
+(``vce_api.add_messages_to_queue``) looks at every node for a new instruction,
+then waits 0.1 s; the grid's ``send_and_receive`` looks for replies, then
+sleeps its ``pull_interval``, 0.1 s. A message waits about 0.05 s at each of
+the two hand-offs on average, and a round can never be shorter than 0.1 s:
+on a GPU, where a round's work takes tens of milliseconds, most of the run
+(``docs/benchmarks.md``).
+
+:func:`prepare` (run when the app is imported into a simulation process,
+before the engine starts: ``fedweigh/__init__.py``) changes three things,
+for Flower :data:`SUPPORTED_FLOWER` only:
+
+* the in-memory link state's ``store_message_ins`` and ``store_message_res``
+  notify :data:`HUB` after storing a message;
+* the engine's extractor is :func:`event_driven_extractor`: it hands on
+  every waiting instruction, sweeps again at once while it finds any, and
+  otherwise waits for the next stored instruction (at most
+  :data:`MAX_IDLE_WAIT` s, which bounds the delay at shutdown); it looks
+  only at the nodes that have an instruction waiting, where Flower's loop
+  asks every node, ten times a second;
+* :class:`fedweigh.strategies.wakeup.WakeupGrid` waits for the next stored
+  reply instead of sleeping.
+
+Only when a message is handed on changes, never what: results are the same.
+``event-driven-simulation = false`` (``Hub.enabled``) brings Flower's polling
+back for comparison. A deployment is never touched: its SuperLink and
+SuperNodes run in their own processes, with their own state. Other Flower
+versions keep their own behaviour (a log line says so), and
+``tests/test_wakeup.py`` fails on an upgrade until this module is checked
+against it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from queue import Queue
+from typing import Any
+
+SUPPORTED_FLOWER = "1.41."
+"""Flower versions (a prefix) whose engine this module has been checked against."""
+MAX_IDLE_WAIT = 0.5
+"""Longest wait of the extractor for an instruction before it looks again (s)."""
+FLOWER_POLL = 0.1
+"""Flower 1.41's polling interval, kept when the hand-off is switched off (s)."""
+ENGINE_MODULE = "flwr.server.superlink.fleet.vce.vce_api"
+
+logger = logging.getLogger("flwr.fedweigh")
+
+
+class Hub:
+    """What the hand-offs wait on, and counts of what ended the waits (for tests and benchmarks).
+
+    Attributes
+    ----------
+    instructions, replies : int
+        Messages stored so far, of each kind.
+    woken_by_instruction, woken_by_reply : int
+        Waits that a stored message ended (not their time limit).
+    enabled : bool
+        False brings back Flower's 0.1 s polling (``event-driven-simulation``).
+    extractor_running, extractor_waiting : threading.Event
+        Whether :func:`event_driven_extractor` is the engine's loop, and
+        whether it is waiting for an instruction now.
+    """
+
+    def __init__(self) -> None:
+        self.condition = threading.Condition()
+        self.instructions = 0
+        self.replies = 0
+        self.woken_by_instruction = 0
+        self.woken_by_reply = 0
+        self.enabled = True
+        self.max_idle_wait = MAX_IDLE_WAIT
+        self.extractor_running = threading.Event()
+        self.extractor_waiting = threading.Event()
+
+    def stored(self, instruction: bool) -> None:
+        """A message was stored: wake whoever waits for one."""
+        with self.condition:
+            if instruction:
+                self.instructions += 1
+            else:
+                self.replies += 1
+            self.condition.notify_all()
+
+    def wait_for_instruction(self, seen: int, stop: threading.Event) -> None:
+        """Until an instruction is stored after the count ``seen``, ``stop`` is set, or the idle limit."""
+        with self.condition:
+            self.extractor_waiting.set()
+            try:
+                if (
+                    self.condition.wait_for(
+                        lambda: self.instructions != seen or stop.is_set(), timeout=self.max_idle_wait
+                    )
+                    and not stop.is_set()
+                ):
+                    self.woken_by_instruction += 1
+            finally:
+                self.extractor_waiting.clear()
+
+    def wait_for_reply(self, seen: int, timeout: float) -> None:
+        """Until a reply is stored after the count ``seen``, or ``timeout`` seconds."""
+        with self.condition:
+            if timeout > 0 and self.condition.wait_for(lambda: self.replies != seen, timeout=timeout):
+                self.woken_by_reply += 1
+
+
+HUB = Hub()
+"""The process's hub (a simulation process holds one link state)."""
+
+
+def waiting_nodes(state: Any) -> set[int]:
+    """The nodes with an instruction not handed on yet, from the in-memory link state's public store."""
+    with state.lock:
+        return {m.metadata.dst_node_id for m in state.message_ins_store.values() if m.metadata.delivered_at == ""}
+
+
+def event_driven_extractor(
+    state: Any, queue: Queue[Any], nodes_mapping: Mapping[int, int], f_stop: threading.Event
+) -> None:
+    """The engine's extractor (``vce_api.add_messages_to_queue``), waking on stored instructions."""
+    HUB.extractor_running.set()
+    try:
+        while not f_stop.is_set():
+            if not HUB.enabled:  # Flower's loop, as it is
+                for node_id in nodes_mapping:
+                    for message in state.get_message_ins(node_id=node_id, limit=1):
+                        queue.put(message)
+                f_stop.wait(FLOWER_POLL)
+                continue
+            seen = HUB.instructions
+            waiting = waiting_nodes(state)
+            handed = 0
+            for node_id in nodes_mapping:
+                if node_id in waiting:
+                    for message in state.get_message_ins(node_id=node_id, limit=1):
+                        queue.put(message)
+                        handed += 1
+            if not handed:
+                HUB.wait_for_instruction(seen, f_stop)
+    finally:
+        HUB.extractor_running.clear()
+
+
+def _notifying(store: Callable[..., Any], instruction: bool) -> Callable[..., Any]:
+    @functools.wraps(store)
+    def store_and_notify(self: Any, message: Any) -> Any:
+        stored = store(self, message)
+        HUB.stored(instruction)
+        return stored
+
+    return store_and_notify
+
+
+_prepared = threading.Lock()
+_state_class: type | None = None
+
+
+def prepare() -> bool:
+    """Install the event-driven hand-off in this process (once); whether it is installed.
+
+    Call it before the simulation engine starts its extractor (the app's
+    import does). Returns False, and changes nothing, for a Flower version
+    other than :data:`SUPPORTED_FLOWER`.
+    """
+    global _state_class
+    import flwr
+
+    if not flwr.__version__.startswith(SUPPORTED_FLOWER):
+        return False
+    from flwr.server.superlink.fleet.vce import vce_api
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+
+    with _prepared:
+        if _state_class is None:
+            InMemoryLinkState.store_message_ins = _notifying(InMemoryLinkState.store_message_ins, True)
+            InMemoryLinkState.store_message_res = _notifying(InMemoryLinkState.store_message_res, False)
+            vce_api.add_messages_to_queue = event_driven_extractor
+            _state_class = InMemoryLinkState
+    return True
+
+
+def prepare_if_simulating() -> None:
+    """:func:`prepare` in a process that has loaded Flower's simulation engine (and nowhere else)."""
+    if ENGINE_MODULE in sys.modules:
+        prepare()
+
+
+def applies_to(grid: Any) -> bool:
+    """Whether ``grid`` is a simulation's grid over the link state :func:`prepare` made notify."""
+    return _state_class is not None and isinstance(getattr(grid, "state", None), _state_class)
+
+
+def describe(grid: Any) -> str:
+    """One log line on how this run's messages are handed on."""
+    import flwr
+
+    if not flwr.__version__.startswith(SUPPORTED_FLOWER):
+        checked = f"the event-driven hand-off is checked on {SUPPORTED_FLOWER}x"
+        return f"flwr {flwr.__version__}: Flower's own polling ({checked})"
+    if not applies_to(grid):
+        return "not a simulation: Flower's own message handling"
+    engine = "event-driven" if HUB.extractor_running.is_set() else "Flower's 0.1 s polling (it started before the app)"
+    return f"simulation hand-off: replies event-driven; the engine's loop {engine}"

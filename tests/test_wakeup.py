@@ -1,0 +1,183 @@
+"""The event-driven hand-off of the simulation engine (fedweigh/engine.py, fedweigh/strategies/wakeup.py).
+
+The link state, the grid and the engine's thread are Flower 1.41's, set up as ``flwr.simulation`` sets them
+up; only the loop and what wakes it are fedweigh's. No test measures a time: each one shows what ended a wait
+(a stored message, never a time limit, which the tests set far beyond the test's own length).
+"""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from queue import Queue
+
+import flwr
+import pytest
+from flwr.app import Message, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.proto.task_pb2 import Task
+from flwr.server.superlink.fleet.vce import vce_api
+from flwr.server.superlink.linkstate import InMemoryLinkState, LinkStateFactory
+from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
+from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
+from flwr.supercore.object_store import ObjectStoreFactory
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+from flwr.superlink.federation import NoOpFederationManager
+from flwr.superlink.grid import InMemoryGrid
+
+from fedweigh import engine
+from fedweigh.engine import HUB, applies_to, event_driven_extractor, prepare
+from fedweigh.strategies.wakeup import WakeupGrid, wakeup_grid
+
+LONG = 60.0  # a time limit no wait in these tests may reach
+
+
+def test_flower_is_the_version_the_hand_off_was_checked_against():
+    """A Flower upgrade fails here first: check fedweigh/engine.py against the new engine, then update."""
+    assert flwr.__version__.startswith(engine.SUPPORTED_FLOWER), flwr.__version__
+    source = inspect.getsource(vce_api)
+    assert "def add_messages_to_queue(" in source  # the loop replaced, as Flower 1.41 writes it:
+    assert "get_message_ins(node_id=node_id, limit=1)" in source and "f_stop.wait(0.1)" in source
+    assert "target=add_messages_to_queue," in inspect.getsource(vce_api.run_api)  # looked up when the engine starts
+    assert "time.sleep(self.pull_interval)" in inspect.getsource(InMemoryGrid.send_and_receive)
+    assert set(inspect.signature(InMemoryLinkState.store_message_ins).parameters) == {"self", "message"}
+    assert set(inspect.signature(InMemoryLinkState.store_message_res).parameters) == {"self", "message"}
+    assert prepare() and vce_api.add_messages_to_queue is event_driven_extractor
+    assert {"message_ins_store", "lock"} <= set(vars(Federation(nodes=1).state))
+
+
+def test_importing_the_app_outside_a_simulation_changes_nothing_in_flower():
+    code = (
+        "import sys, fedweigh, fedweigh.client_app, fedweigh.server_app; "
+        "print(any(m.startswith('flwr.server.superlink.fleet.vce') for m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+class Federation:
+    """Flower's in-memory link state with a run and nodes, its grid, and the engine's extractor loop."""
+
+    def __init__(self, nodes: int) -> None:
+        factory = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory())
+        self.state = factory.state()
+        run = Run.create_empty(run_id=7)
+        run.primary_task_id = 11
+        run.federation_id = NOOP_FEDERATION_ID
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 7, SUPERLINK_NODE_ID
+        self.state.run_ids[run.run_id] = RunRecord(run=run)
+        self.state.task_store[11] = Task(task_id=11, run_id=7)
+        self.nodes = []
+        for i in range(nodes):  # as the engine registers its virtual nodes
+            node = self.state.create_node("aid", "account", bytes([i]) * 32, heartbeat_interval=1e9)
+            self.state.acknowledge_node_heartbeat(node_id=node, heartbeat_interval=1e9)
+            self.nodes.append(node)
+        self.grid = InMemoryGrid(state_factory=factory)
+        self.grid.set_run(run)
+        self.queue: Queue[Message] = Queue()
+        self.stop = threading.Event()
+        mapping = {node: i for i, node in enumerate(self.nodes)}
+        self.extractor = threading.Thread(  # the engine's loop, as run_api starts it
+            target=vce_api.add_messages_to_queue, args=(self.state, self.queue, mapping, self.stop), daemon=True
+        )
+
+    def message(self, node: int) -> Message:
+        return Message(RecordDict(), dst_node_id=node, message_type="query", ttl=LONG)
+
+    def reply(self, instruction: Message) -> Message:
+        """A client's reply, with its id set as the engine's worker sets it (``vce_api.worker``)."""
+        reply = Message(RecordDict(), reply_to=instruction)
+        reply.metadata.__dict__["_message_id"] = str(uuid.uuid4())
+        return reply
+
+
+@pytest.fixture
+def federation() -> Iterator[Federation]:
+    assert prepare()
+    fed = Federation(nodes=5)
+    HUB.max_idle_wait = LONG
+    HUB.enabled = True
+    try:
+        yield fed
+    finally:
+        fed.stop.set()
+        HUB.max_idle_wait = engine.MAX_IDLE_WAIT
+        HUB.stored(instruction=True)  # wake the extractor so that it sees the stop
+        if fed.extractor.is_alive():
+            fed.extractor.join(timeout=LONG)
+            assert not fed.extractor.is_alive()
+
+
+def test_the_grid_is_wrapped_in_a_simulation_only(federation):
+    assert applies_to(federation.grid)
+    assert isinstance(wakeup_grid(federation.grid), WakeupGrid)
+    assert wakeup_grid(federation.grid, enabled=False) is federation.grid and not HUB.enabled
+
+    class DeploymentGrid(InMemoryGrid):  # a grid without the in-memory link state
+        def __init__(self) -> None:
+            self.state = object()
+
+    plain = DeploymentGrid()
+    assert not applies_to(plain) and wakeup_grid(plain) is plain
+
+
+def test_the_extractor_waits_for_an_instruction_and_an_instruction_wakes_it(federation):
+    federation.extractor.start()
+    assert HUB.extractor_waiting.wait(LONG)  # nothing to hand on: it waits on the condition, not on a clock
+    woken = HUB.woken_by_instruction
+    [message] = [federation.message(federation.nodes[2])]
+    federation.grid.push_messages([message])
+    delivered = federation.queue.get(timeout=LONG)
+    assert delivered.metadata.dst_node_id == federation.nodes[2]
+    assert HUB.woken_by_instruction == woken + 1  # woken by the stored instruction, long before its LONG limit
+
+
+def test_nothing_waiting_is_ever_held_back(federation):
+    """Instructions stored before the loop starts, two for one node, are all handed on without a wait."""
+    first = federation.nodes[0]
+    federation.grid.push_messages([federation.message(node) for node in federation.nodes])
+    federation.grid.push_messages([federation.message(first)])
+    woken = HUB.woken_by_instruction
+    federation.extractor.start()
+    got = [federation.queue.get(timeout=LONG).metadata.dst_node_id for _ in range(len(federation.nodes) + 1)]
+    assert sorted(got) == sorted([*federation.nodes, first])
+    assert HUB.woken_by_instruction == woken
+
+
+def test_switched_off_the_loop_is_flower_s_polling(federation):
+    HUB.enabled = False
+    woken = HUB.woken_by_instruction
+    federation.extractor.start()
+    federation.grid.push_messages([federation.message(federation.nodes[1])])
+    assert federation.queue.get(timeout=LONG).metadata.dst_node_id == federation.nodes[1]
+    assert HUB.woken_by_instruction == woken and not HUB.extractor_waiting.is_set()
+
+
+def test_the_grid_wakes_when_a_reply_is_stored(federation):
+    federation.extractor.start()
+    grid = WakeupGrid(federation.grid)
+    grid.pull_interval = LONG  # a poll could not explain an answer before the test's end
+    instructions = [federation.message(node) for node in federation.nodes[:3]]
+    answered: list[Message] = []
+
+    def clients() -> None:
+        for _ in instructions:
+            federation.state.store_message_res(federation.reply(federation.queue.get(timeout=LONG)))
+
+    worker = threading.Thread(target=clients)
+    worker.start()
+    woken = HUB.woken_by_reply
+    answered = list(grid.send_and_receive(instructions, timeout=3 * LONG))
+    worker.join(timeout=LONG)
+    assert sorted(r.metadata.src_node_id for r in answered) == sorted(federation.nodes[:3])
+    assert HUB.woken_by_reply > woken
+
+
+def test_the_grid_returns_what_arrived_by_its_timeout(federation):
+    grid = WakeupGrid(federation.grid)
+    assert list(grid.send_and_receive([federation.message(federation.nodes[0])], timeout=0.0)) == []
