@@ -96,6 +96,14 @@ class Federation:
         return reply
 
 
+@pytest.fixture(autouse=True)
+def task_identity() -> Iterator[None]:
+    """Flower's simulation names the task it runs as (``Federation`` does as run_simulation does); put it back."""
+    kept = (TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id)
+    yield
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = kept
+
+
 @pytest.fixture
 def federation() -> Iterator[Federation]:
     assert prepare()
@@ -107,6 +115,7 @@ def federation() -> Iterator[Federation]:
     finally:
         fed.stop.set()
         HUB.max_idle_wait = engine.MAX_IDLE_WAIT
+        HUB.enabled = True
         HUB.stored(instruction=True)  # wake the extractor so that it sees the stop
         if fed.extractor.is_alive():
             fed.extractor.join(timeout=LONG)
