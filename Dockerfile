@@ -43,4 +43,10 @@ RUN python -c "import re, tomllib; deps = tomllib.load(open('pyproject.toml', 'r
     && python -c "import flwr, torch; assert flwr.__version__ == '${FLWR_VERSION}', flwr.__version__; print('flwr', flwr.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda)" \
     && mkdir -p /app/outputs /app/data "$HF_HOME"
 
+# fedweigh-superexec (fedweigh/resident.py, which imports only Flower): the
+# SuperExec that keeps one ClientApp process per site (docker-compose.resident.yml).
+COPY --chown=app:app fedweigh/resident.py /app/bin/fedweigh_resident.py
+RUN printf '#!/bin/sh\nexec python /app/bin/fedweigh_resident.py "$@"\n' > /app/bin/fedweigh-superexec \
+    && chmod +x /app/bin/fedweigh-superexec
+
 ENTRYPOINT ["flower-superexec"]

@@ -14,6 +14,7 @@ from fedweigh.benchmarks.aggregation import run_case
 from fedweigh.benchmarks.bare import bare_federated_run
 from fedweigh.benchmarks.cli import render_table
 from fedweigh.benchmarks.common import markdown_table, parse_node_query
+from fedweigh.benchmarks.scale import revisit_share
 from fedweigh.launch.runconfig import load_app_config
 from fedweigh.strategies.aggregation import all_finite, array_view, decode, weighted_average
 
@@ -106,6 +107,13 @@ def test_the_peer_apps_get_the_same_work():
     assert markdown_table(["a"], [[1]]) == "| a |\n|---|\n| 1 |"
 
 
+def test_revisits_count_clients_that_trained_before_in_the_run():
+    assert revisit_share([[1, 2], [2, 3], [1, 4]]) == 0.333  # 2 of 6 trainings: client 2 in round 2, 1 in round 3
+    assert revisit_share([[1, 2], [3, 4]]) == 0.0 and revisit_share([]) == 0.0
+
+
 def test_the_node_query_line_is_parsed():
     assert parse_node_query("INFO :  [fedweigh] asked 1000 nodes for their partition in 61.25s") == (1000, 61.25)
+    engine = "INFO :  [fedweigh] learned the partition of 10000 nodes from the simulation engine in 0.03s"
+    assert parse_node_query(engine) == (10000, 0.03)
     assert parse_node_query("INFO :  [fedweigh] round 1/2") is None

@@ -14,6 +14,7 @@ SuperNode with its own key); the GPU variant reserves GPUs.
 
 from __future__ import annotations
 
+import ast
 import copy
 import functools
 import re
@@ -32,8 +33,8 @@ from packaging.specifiers import SpecifierSet
 
 FLOWER = flwr.__version__
 BIN = Path(sys.executable).parent
-FILES = {"base": "docker-compose.yml", "gpu": "docker-compose.gpu.yml"}
-VARIANTS = {"base": ["base"], "gpu": ["base", "gpu"]}
+FILES = {"base": "docker-compose.yml", "gpu": "docker-compose.gpu.yml", "resident": "docker-compose.resident.yml"}
+VARIANTS = {"base": ["base"], "gpu": ["base", "gpu"], "resident": ["base", "resident"]}
 FLOWER_IMAGES = {"flwr/superlink": "flower-superlink", "flwr/supernode": "flower-supernode"}
 _VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
 # Compose merges an overlay's volumes into the base's by container path; command
@@ -120,7 +121,7 @@ def dockerfile_entrypoint() -> str:
 def cli_of(service: Mapping[str, Any]) -> str:
     """The Flower executable a service runs."""
     if "entrypoint" in service:
-        return list(service["entrypoint"])[0]
+        return Path(list(service["entrypoint"])[0]).name  # the image's /app/bin/fedweigh-superexec: ours
     image = str(service.get("image", ""))
     for repository, cli in FLOWER_IMAGES.items():
         if image.startswith(f"{repository}:"):
@@ -180,7 +181,7 @@ def test_compose_file_parses_and_overlays_only_known_services(name):
 def test_every_flag_exists_in_the_installed_flower_cli(name):
     for service, body in services(name).items():
         cli = cli_of(body)
-        assert cli in {"flower-superlink", "flower-supernode", "flower-superexec"}, f"{service}: {cli}"
+        assert cli in {"flower-superlink", "flower-supernode", "flower-superexec", "fedweigh-superexec"}, service
         known = cli_options(cli)
         for flag in (arg for arg in command(body) if arg.startswith("--")):
             assert flag in known, f"{service}: {cli} has no {flag}"
@@ -417,3 +418,23 @@ def test_gpu_variant_reserves_gpus_for_every_clientapp(made_by_scripts):
     assert simulation["profiles"] == ["simulation"] and cli_of(simulation) == "flower-superlink"
     assert "--simulation" in command(simulation)
     assert config["superlink"]["image"] == f"flwr/superlink:{FLOWER}"  # the GPU file leaves the SuperLink alone
+
+
+def test_resident_variant_keeps_one_clientapp_process_per_site():
+    """docker-compose.resident.yml: each site's SuperExec is fedweigh-superexec, which the image holds as one file."""
+    config = services("resident")
+    for node in supernodes(config):
+        superexec = config[f"superexec-clientapp-{node.split('-')[1]}"]
+        assert cli_of(superexec) == "fedweigh-superexec"
+        assert option(superexec, "--runtime-api-address") == f"{node}:9094"  # its own SuperNode, as in the base
+        assert option(config[node], "--isolation") == "process"  # so the SuperNode starts no SuperExec of its own
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "COPY --chown=app:app fedweigh/resident.py /app/bin/fedweigh_resident.py" in dockerfile
+    assert "exec python /app/bin/fedweigh_resident.py" in dockerfile and "/app/bin/fedweigh-superexec" in dockerfile
+    assert "!fedweigh/resident.py" in (REPO / ".dockerignore").read_text().splitlines()
+    # The image has Flower and the app's dependencies, not the app: the file must stand alone.
+    tree = ast.parse((REPO / "fedweigh" / "resident.py").read_text())
+    nodes = list(ast.walk(tree))
+    imported = {alias.name.split(".")[0] for n in nodes if isinstance(n, ast.Import) for alias in n.names}
+    imported |= {n.module.split(".")[0] for n in nodes if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= {"__future__", "flwr", *sys.stdlib_module_names}, imported

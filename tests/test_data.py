@@ -28,7 +28,7 @@ from fedweigh.data.federated import (
     partition_sizes,
 )
 from fedweigh.data.loader import batches
-from fedweigh.data.partitioning import build_partitioner
+from fedweigh.data.partitioning import build_partitioner, partition_row_counts
 from fedweigh.data.sources import (
     DatasetInfo,
     detect_image_column,
@@ -115,6 +115,25 @@ def test_partitions_are_disjoint() -> None:
         partitioner.dataset = ids
         rows = np.concatenate([partitioner.load_partition(pid)["row"] for pid in range(10)])
         assert len(rows) == len(set(rows.tolist())), kind
+
+
+@pytest.mark.parametrize("rows", [500, 503, 9, 10])
+def test_row_counts_are_the_sizes_of_the_loaded_partitions(rows: int) -> None:
+    """The counts read without loading (IID's chunks, fedweigh's row partitioners) match the partitions."""
+    ids = datasets.Dataset.from_dict({"label": np.arange(rows) % 10, "row": np.arange(rows)})
+    compared = set()
+    for kind in PARTITIONERS:
+        partitioner = build_partitioner(
+            kind, 7, seed=3, dirichlet_alpha=0.3, classes_per_client=2, shards_per_client=1, min_partition_size=0
+        )
+        partitioner.dataset = ids
+        try:
+            loaded = [partitioner.load_partition(pid).num_rows for pid in range(7)]
+        except ValueError:  # a split these few rows cannot give (e.g. too few per shard)
+            continue
+        assert partition_row_counts(partitioner) == loaded, kind
+        compared.add(kind)
+    assert {"iid", "soft-capped-dirichlet", "dirichlet"} <= compared
 
 
 def _partition_rows(kind: str, seed: int) -> list[list[int]]:

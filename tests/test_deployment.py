@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shutil
 import signal
 import subprocess
@@ -49,18 +48,18 @@ from pathlib import Path
 import pytest
 import torch
 from fault_reasons import REASON as FAULT_REASONS
-from virtual_federation import (
+
+from fedweigh.launch.virtual_federation import (
     DEPLOY,
     Federation,
     FlowerProcess,
     RunHandle,
-    VirtualNetwork,
     command_line,
+    federation_on_hosts,
     namespaces_permitted,
     plan_topology,
     poll_until,
 )
-
 from fedweigh.results import Checkpoint, read_metrics, without_timing
 
 SUPERNODES = ["supernode-1", "supernode-2", "supernode-3"]
@@ -88,23 +87,16 @@ def partition(index: int) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory):
-    permitted, why = namespaces_permitted()
-    if not permitted:
-        warnings.warn(
-            LoopbackFallbackWarning(
-                f"network namespaces are not permitted here ({why}); the deployment test runs the "
-                "same SuperLink/SuperNode topology on 127.0.0.1 instead of separate addresses"
-            ),
-            stacklevel=1,
-        )
     hosts = [*SUPERNODES, STRANGER, NO_CA, PLAINTEXT, ROGUE, MISLED, SLOW]
-    topology = plan_topology(hosts, isolated=permitted, tag=secrets.token_hex(3))
-    network = VirtualNetwork(topology)
-    fed = Federation(topology, tmp_path_factory.mktemp("deployment"))
-    try:
-        network.create()
-        fed.make_credentials(KEYS)
-        fed.start_superlink()
+    with federation_on_hosts(hosts, tmp_path_factory.mktemp("deployment"), KEYS) as fed:
+        if not fed.topology.isolated:
+            warnings.warn(
+                LoopbackFallbackWarning(
+                    f"network namespaces are not permitted here ({namespaces_permitted()[1]}); the deployment test "
+                    "runs the same SuperLink/SuperNode topology on 127.0.0.1 instead of separate addresses"
+                ),
+                stacklevel=1,
+            )
         for name in [*SUPERNODES, NO_CA]:
             fed.register(name)
         for index, name in enumerate(SUPERNODES):
@@ -112,12 +104,6 @@ def federation(tmp_path_factory):
         for name in SUPERNODES:
             fed.supernodes[name].wait_for(r"SuperNode ID: \d+", timeout=180)
         yield fed
-    finally:
-        fed.stop()
-        leftovers = fed.leftovers()
-        undeleted = network.destroy()
-        assert not leftovers, f"processes left behind: {leftovers}"
-        assert not undeleted, f"namespaces left behind: {undeleted}"
 
 
 @pytest.fixture(scope="module")

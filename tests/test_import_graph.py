@@ -31,7 +31,7 @@ LAYERS: list[set[str]] = [
         "fedweigh.flops",
     },
     {"fedweigh.methods", "fedweigh.components", "fedweigh.strategies", "fedweigh.preflight"},
-    {"fedweigh.server_app", "fedweigh.client_app", "fedweigh.launch"},
+    {"fedweigh.server_app", "fedweigh.client_app", "fedweigh.resident", "fedweigh.launch"},
     {"fedweigh.experiments", "fedweigh.benchmarks", "fedweigh.cli"},
 ]
 

@@ -11,9 +11,12 @@ import inspect
 import subprocess
 import sys
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from queue import Queue
+from types import SimpleNamespace
+from typing import Any
 
 import flwr
 import pytest
@@ -28,11 +31,12 @@ from flwr.supercore.object_store import ObjectStoreFactory
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.superlink.federation import NoOpFederationManager
-from flwr.superlink.grid import InMemoryGrid
+from flwr.superlink.grid import HttpGrid, InMemoryGrid
 
 from fedweigh import engine
-from fedweigh.engine import HUB, applies_to, event_driven_extractor, prepare
-from fedweigh.strategies.wakeup import WakeupGrid, wakeup_grid
+from fedweigh.engine import HUB, NODES, applies_to, event_driven_extractor, prepare, simulated_partitions
+from fedweigh.strategies.sampling import NodeDirectory
+from fedweigh.strategies.wakeup import DEPLOYMENT_PULL_INTERVAL, PromptGrid, WakeupGrid, wakeup_grid
 
 LONG = 60.0  # a time limit no wait in these tests may reach
 
@@ -48,6 +52,12 @@ def test_flower_is_the_version_the_hand_off_was_checked_against():
     assert set(inspect.signature(InMemoryLinkState.store_message_ins).parameters) == {"self", "message"}
     assert set(inspect.signature(InMemoryLinkState.store_message_res).parameters) == {"self", "message"}
     assert prepare() and vce_api.add_messages_to_queue is event_driven_extractor
+    # the nodes' configs, published as the engine's loop starts: run_api gets the stores the ClientApps read
+    assert "node_info_stores,\n" in inspect.getsource(vce_api.start_vce).split("run_api(")[1][:300]
+    assert inspect.unwrap(vce_api.run_api) is not vce_api.run_api  # wrapped by prepare()
+    parameters = list(inspect.signature(inspect.unwrap(vce_api.run_api)).parameters)
+    assert parameters[:5] == ["app_fn", "backend_fn", "nodes_mapping", "state_factory", "node_info_stores"]
+    assert "PARTITION_ID_KEY: partition_id" in inspect.getsource(vce_api._register_node_info_stores)
     assert {"message_ins_store", "lock"} <= set(vars(Federation(nodes=1).state))
 
 
@@ -190,3 +200,99 @@ def test_the_grid_wakes_when_a_reply_is_stored(federation):
 def test_the_grid_returns_what_arrived_by_its_timeout(federation):
     grid = WakeupGrid(federation.grid)
     assert list(grid.send_and_receive([federation.message(federation.nodes[0])], timeout=0.0)) == []
+
+
+def register_like_the_engine(federation: Federation, partitions: list[int]) -> dict[int, Any]:
+    """Flower's node info stores for ``federation``'s nodes, handed to the engine's loop as ``start_vce`` does.
+
+    The loop itself is a stand-in (no Ray here); fedweigh's wrapper around it is the one :func:`prepare` installs.
+    """
+    mapping = dict(zip(federation.nodes, partitions, strict=True))
+    stores = vce_api._register_node_info_stores(nodes_mapping=mapping, run=Run.create_empty(run_id=7), app_dir=None)
+    engine._publishing(lambda *args: None)(None, None, mapping, None, stores, federation.stop, None)
+    return stores
+
+
+def test_the_server_reads_each_node_s_partition_as_the_node_would_say_it(federation):
+    stores = register_like_the_engine(federation, [3, 0, 4, 1, 2])
+    partitions, num_partitions = simulated_partitions(federation.grid, federation.nodes, timeout=0.0)
+    for node, store in stores.items():  # what the node's own query handler reads (client_app.describe)
+        assert partitions[node] == store.node_config["partition-id"]
+        assert num_partitions == store.node_config["num-partitions"] == 5
+
+
+def test_in_a_simulation_the_directory_learns_the_nodes_without_a_message(federation):
+    register_like_the_engine(federation, [3, 0, 4, 1, 2])
+    stored = HUB.instructions
+    directory = NodeDirectory(query_timeout=0.0)  # a query could not be answered: no engine loop runs
+    grid = wakeup_grid(federation.grid)  # as the ServerApp hands it on
+    assert isinstance(grid, WakeupGrid)
+    assert sorted(directory.await_federation(grid, min_nodes=5)) == sorted(federation.nodes)
+    assert [directory.partition_of[node] for node in federation.nodes] == [3, 0, 4, 1, 2]
+    assert directory.num_partitions == 5 and HUB.instructions == stored  # no instruction was stored
+
+
+def test_the_server_waits_for_the_engine_to_register_its_nodes(federation):
+    """The ServerApp's thread starts before the engine's; it waits for the mapping, not a clock."""
+    registered = threading.Thread(target=register_like_the_engine, args=(federation, [0, 1, 2, 3, 4]))
+    answer: list[Any] = []
+
+    def ask() -> None:
+        answer.append(simulated_partitions(federation.grid, federation.nodes, LONG))
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    registered.start()
+    registered.join(timeout=LONG)
+    asking.join(timeout=LONG)
+    assert answer[0] == (dict(zip(federation.nodes, range(5), strict=True)), 5)
+
+
+def test_nodes_the_engine_did_not_register_are_asked():
+    """Another grid (a deployment), or nodes no mapping holds: None, so the directory sends its query."""
+    fed = Federation(nodes=2)
+    assert simulated_partitions(fed.grid, fed.nodes, timeout=0.0) is None  # never published
+    assert NODES.covering(fed.nodes) is None
+
+    class DeploymentGrid(InMemoryGrid):
+        def __init__(self) -> None:
+            self.state = object()
+
+    assert simulated_partitions(DeploymentGrid(), fed.nodes, timeout=0.0) is None
+
+
+class ScriptedHttpGrid(HttpGrid):
+    """Flower's deployment grid with the SuperLink replaced by a script: reply ``i`` arrives at pull ``i + 2``."""
+
+    def __init__(self, ids: list[str]) -> None:  # no connection: push and pull are the script's
+        self.ids = ids
+        self.pulls = 0
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return list(self.ids)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        self.pulls += 1
+        due = {self.ids[i] for i in range(len(self.ids)) if self.pulls == i + 2}
+        return [
+            SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in sorted(due & set(message_ids))
+        ]
+
+
+def test_a_deployment_grid_looks_for_replies_every_tenth_of_a_second(monkeypatch):
+    """Flower 1.41's HttpGrid sleeps 3 s between looks; the ServerApp's grid looks every 0.1 s, nothing else changed."""
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    scripted = ScriptedHttpGrid(["a", "b"])
+    grid = wakeup_grid(scripted)
+    assert isinstance(grid, PromptGrid) and grid.grid is scripted
+    replies = list(grid.send_and_receive([], timeout=None))
+    assert [r.metadata.reply_to_message_id for r in replies] == ["a", "b"]
+    assert scripted.pulls == 3 and slept == [DEPLOYMENT_PULL_INTERVAL] * 2
+    assert "time.sleep(3)" in inspect.getsource(HttpGrid.send_and_receive)  # what it replaces (Flower 1.41)
+
+
+def test_a_deployment_grid_returns_what_arrived_by_its_timeout(monkeypatch):
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    scripted = ScriptedHttpGrid(["a", "b"])
+    assert list(PromptGrid(scripted).send_and_receive([], timeout=0.0)) == [] and scripted.pulls == 1

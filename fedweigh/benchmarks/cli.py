@@ -1,6 +1,6 @@
 """``fedweigh benchmark <name|all> [--quick] [--output FILE]``: run benchmarks, write JSON and a table.
 
-Benchmarks: ``overhead``, ``methods``, ``scale``, ``aggregation``, ``ufl-cost``,
+Benchmarks: ``overhead``, ``methods``, ``scale``, ``deployment``, ``aggregation``, ``ufl-cost``,
 ``feddle-cost``, ``fine-tuning`` (see
 :mod:`fedweigh.benchmarks`). Each writes ``benchmarks/results/<name>.json``
 (or ``--output``) and a markdown table beside it (``.md``), and prints the
@@ -19,7 +19,7 @@ from typing import Any
 
 __all__ = ["BENCHMARKS", "add_benchmark_parser", "run_benchmark", "run_command", "render_table"]
 
-BENCHMARKS = ("overhead", "methods", "scale", "aggregation", "ufl-cost", "feddle-cost", "fine-tuning")
+BENCHMARKS = ("overhead", "methods", "scale", "deployment", "aggregation", "ufl-cost", "feddle-cost", "fine-tuning")
 DEFAULT_PORT = 39201
 RESULTS_DIR = Path("benchmarks") / "results"
 
@@ -40,11 +40,16 @@ def add_benchmark_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--ray",
-        choices=("shared", "per-run"),
+        choices=("shared", "per-run", "two-node"),
         default="shared",
         help="shared: one Ray cluster for all runs, as the experiment runner does (default); "
-        "per-run: Flower's own Ray cluster started in each run, as a lone `flwr run` does",
+        "per-run: Flower's own Ray cluster started in each run, as a lone `flwr run` does; "
+        "two-node: one shared cluster of two Ray nodes on this machine, the CPUs split between them",
     )
+
+
+def _ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}x"
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -125,12 +130,18 @@ def render_table(name: str, report: dict[str, Any]) -> str:
             [
                 r["clients"],
                 r.get("per_round", "–"),
+                _fmt(r.get("revisit_share")),
                 _fmt(r.get("peak_pss_mb"), 0),
                 r.get("peak_processes", "–"),
                 _fmt(r.get("round_seconds")),
+                _fmt(r.get("round_seconds_std")),
                 _fmt(r.get("startup_seconds"), 1),
                 _fmt(r.get("node_query_seconds"), 1),
                 _fmt(r.get("partition_check_seconds")),
+                _ratio(r.get("memory_ratio")),
+                _ratio(r.get("round_ratio")),
+                _fmt(r.get("kb_per_extra_client"), 1),
+                _fmt(r.get("startup_ms_per_extra_client"), 2),
                 r["status"],
             ]
             for r in report["clients"]
@@ -138,15 +149,44 @@ def render_table(name: str, report: dict[str, Any]) -> str:
         header = [
             "clients",
             "per round",
+            "revisited",
             "peak memory (PSS) MB",
             "processes",
             "round s",
+            "± std",
             "start-up s",
-            "node query s",
+            "nodes' partitions s",
             "data check s",
+            "memory vs smallest",
+            "round vs smallest",
+            "KB per extra client",
+            "start-up ms per extra client",
             "status",
         ]
         return markdown_table(header, rows)
+    if name == "deployment":
+        rows = [
+            [
+                r["way"],
+                _fmt(r.get("round_seconds"), 3),
+                _fmt(r.get("round_seconds_std"), 3),
+                _fmt(r.get("client_train_seconds"), 3),
+                _fmt(r.get("overhead_seconds"), 3),
+                _ratio(r.get("round_ratio_vs_simulation")),
+                _fmt(r.get("first_round_seconds"), 2),
+                _fmt(r.get("wall_seconds"), 1),
+                _fmt(r.get("final_accuracy"), 4),
+                r.get("hosts", "–"),
+                r["status"],
+            ]
+            for r in report["ways"]
+        ]
+        header = ["way", "round s", "± std", "client training s", "overhead s", "vs simulation", "round 1 s"]
+        header += ["wall s", "final acc", "hosts", "status"]
+        return (
+            f"{report['setting']}: {report['nodes']} nodes, {report['rounds']} rounds; rounds 2..T; "
+            f"same final accuracy every way: {report['same_final_accuracy']}\n\n" + markdown_table(header, rows)
+        )
     if name == "aggregation":
         rows = [
             [
@@ -320,7 +360,13 @@ def _methods(quick: bool, sim: Any, strategies: list[str] | None) -> dict[str, A
 def _scale(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
     from fedweigh.benchmarks.scale import scale
 
-    return scale(sim, sizes=(100, 1000), rounds=2 if quick else 4)
+    return scale(sim, sizes=(100, 1000) if quick else (100, 1000, 10000), rounds=2 if quick else 30)
+
+
+def _deployment(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+    from fedweigh.benchmarks.deployment import deployment
+
+    return deployment(sim, nodes=2, rounds=3 if quick else 6)
 
 
 def _aggregation(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
@@ -351,12 +397,20 @@ _RUNNERS: dict[str, Callable[[bool, Any, list[str] | None], dict[str, Any]]] = {
     "overhead": _overhead,
     "methods": _methods,
     "scale": _scale,
+    "deployment": _deployment,
     "aggregation": _aggregation,
     "ufl-cost": _ufl_cost,
     "feddle-cost": _feddle_cost,
     "fine-tuning": _finetuning,
 }
-_NEEDS_SIMULATION = {"overhead", "methods", "scale", "feddle-cost"}
+_NEEDS_SIMULATION = {"overhead", "methods", "scale", "deployment", "feddle-cost"}
+
+
+def _ray_description(sim: Any) -> str:
+    ray = getattr(sim, "ray", None)
+    if ray is None:
+        return "per-run"
+    return "shared" if not ray.workers else f"shared, {1 + len(ray.workers)} nodes"
 
 
 def run_benchmark(name: str, *, quick: bool, sim: Any = None, strategies: list[str] | None = None) -> dict[str, Any]:
@@ -372,7 +426,7 @@ def run_benchmark(name: str, *, quick: bool, sim: Any = None, strategies: list[s
         "quick": quick,
         "machine": machine,
         "seconds": round(time.monotonic() - started, 1),
-        "ray": None if sim is None else ("shared" if getattr(sim, "ray", None) is not None else "per-run"),
+        "ray": None if sim is None else _ray_description(sim),
         **report,
     }
 
@@ -392,7 +446,11 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         if _NEEDS_SIMULATION & set(names):
             sim = LocalSimulation(
-                APP_DIR, port=args.port, connection=f"fedweigh-bench-{args.port}", shared_ray=args.ray == "shared"
+                APP_DIR,
+                port=args.port,
+                connection=f"fedweigh-bench-{args.port}",
+                shared_ray=args.ray != "per-run",
+                ray_nodes=2 if args.ray == "two-node" else 1,
             )
             sim.start()
         for name in names:

@@ -176,8 +176,8 @@ def simulation_roots(sim: Any) -> list[int]:
     """The process trees a simulation runs in: its SuperLink's, and its shared Ray cluster's if any."""
     roots = [sim.process.pid] if sim.process is not None else [os.getpid()]
     ray = getattr(sim, "ray", None)
-    if ray is not None and ray.process is not None:
-        roots.append(ray.process.pid)
+    if ray is not None:
+        roots += ray.root_pids
     return roots
 
 
@@ -328,13 +328,19 @@ _MARKS = {
     "done": re.compile(r"\[fedweigh\] done:"),
 }
 _ROUND = re.compile(r"\[fedweigh\] round (\d+)/(\d+)")
-_NODE_QUERY = re.compile(r"\[fedweigh\] asked (\d+) nodes for their partition in ([0-9.]+)s")
+_NODE_QUERY = re.compile(
+    r"\[fedweigh\] (?:asked (\d+) nodes for their partition"
+    r"|learned the partition of (\d+) nodes from the simulation engine) in ([0-9.]+)s"
+)
 
 
 def parse_node_query(line: str) -> tuple[int, float] | None:
-    """``(nodes, seconds)`` from the ServerApp's log line about its node query; None otherwise."""
+    """``(nodes, seconds)`` from the ServerApp's log line on learning its nodes' partitions; None otherwise.
+
+    Either line: the query message per node (a deployment), or the simulation engine's mapping.
+    """
     match = _NODE_QUERY.search(line)
-    return (int(match.group(1)), float(match.group(2))) if match else None
+    return (int(match.group(1) or match.group(2)), float(match.group(3))) if match else None
 
 
 @dataclass

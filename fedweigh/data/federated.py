@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from fedweigh.data.partition_edits import PartitionEdits, edit_partitions
-from fedweigh.data.partitioning import PARTITIONERS, build_partitioner
+from fedweigh.data.partitioning import PARTITIONERS, build_partitioner, partition_row_counts
 from fedweigh.data.sources import (
     DatasetInfo,
     describe,
@@ -341,8 +341,7 @@ def partition_sizes(spec: DataSpec) -> list[int]:
     with _LOCK:
         if spec.edits_partitions:
             return [len(positions) for positions in _partition_edits(spec)[1].partitions]
-        partitioner = _federation(spec).partitioner
-        return [partitioner.load_partition(pid).num_rows for pid in range(spec.num_partitions)]
+        return partition_row_counts(_federation(spec).partitioner)
 
 
 @functools.cache

@@ -165,3 +165,25 @@ def build_partitioner(
         shuffle=True,
         seed=seed,
     )
+
+
+def partition_row_counts(partitioner: Partitioner) -> list[int]:
+    """Number of rows of every partition of a partitioner bound to its dataset.
+
+    Without building a dataset per partition where the sizes are known
+    otherwise: :class:`~flwr_datasets.partitioner.IidPartitioner`'s
+    contiguous chunks (the first ``N mod K`` hold one row more, as the
+    datasets library's ``shard`` cuts them) and fedweigh's row partitioners.
+    Loading each partition costs about 2 ms, 20 s for 10,000 clients.
+    """
+    from flwr_datasets.partitioner import IidPartitioner
+
+    from fedweigh.data.row_partitioner import RowPartitioner
+
+    count = partitioner.num_partitions
+    if isinstance(partitioner, IidPartitioner):
+        chunk, larger = divmod(partitioner.dataset.num_rows, count)
+        return [chunk + (1 if pid < larger else 0) for pid in range(count)]
+    if isinstance(partitioner, RowPartitioner):
+        return [len(rows) for rows in partitioner.rows()]
+    return [partitioner.load_partition(pid).num_rows for pid in range(count)]

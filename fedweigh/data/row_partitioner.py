@@ -30,8 +30,12 @@ class RowPartitioner(Partitioner):
         """Per partition, the positions of its rows in ``self.dataset``."""
         raise NotImplementedError
 
-    def load_partition(self, partition_id: int) -> datasets.Dataset:
-        """Partition ``partition_id`` (the division runs once, on the first call)."""
+    def rows(self) -> list[np.ndarray]:
+        """Per partition, its row positions (the division runs once, on the first call)."""
         if self._rows is None:
             self._rows = self.divide()
-        return self.dataset.select(self._rows[partition_id])
+        return self._rows
+
+    def load_partition(self, partition_id: int) -> datasets.Dataset:
+        """Partition ``partition_id``."""
+        return self.dataset.select(self.rows()[partition_id])

@@ -7,6 +7,7 @@ starts one cluster for many runs (``RAY_ADDRESS``), :class:`RayNode` any node.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -38,7 +39,7 @@ class RayNode:
         self.startup_seconds: float | None = None
 
     def start(self) -> None:
-        t0 = time.monotonic()
+        t0 = self._started_at = time.monotonic()
         with self.log_path.open("wb") as log:
             self.process = spawn_logged([executable("ray"), "start", "--block", *self.argv], log, self.env)
         self.tree = ProcessTree(self.process.pid, self.process)
@@ -63,7 +64,7 @@ class RayNode:
 
 
 class RayHead(RayNode):
-    """A local Ray cluster (a head node alone) shared by the runs of one SuperLink.
+    """A local Ray cluster (a head node, and more nodes if asked) shared by the runs of one SuperLink.
 
     Flower 1.41 starts a Ray cluster inside every run's ``flwr-simulation``
     process (``ray.init()``) and shuts it down at the end: about 4-5 s per run
@@ -77,22 +78,69 @@ class RayHead(RayNode):
     machine's current cluster, which every later ``ray.init()`` without an
     address, Flower's per-run one included, would then try to join, even once
     it is stopped), so it does not collide with another Ray on the machine.
+
+    With ``nodes`` > 1 the cluster has that many nodes on this machine, the
+    machine's CPUs divided among them (the benchmarks' two-node cluster: the
+    scheduling, object transfers and per-node processes of a real cluster,
+    without a second host).
     """
 
-    def __init__(self, env: Mapping[str, str], log_path: Path, startup_timeout: float = 120.0) -> None:
+    NODE_PORTS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port")
+    NODE_PORTS += ("dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
+
+    def __init__(self, env: Mapping[str, str], log_path: Path, startup_timeout: float = 120.0, nodes: int = 1) -> None:
+        if nodes < 1:
+            raise ValueError(f"a Ray cluster needs at least one node, got nodes = {nodes}")
         self.port = free_port()
         # Short: Ray's socket paths live below it and must fit in 107 bytes.
         self.temp_dir = Path(tempfile.mkdtemp(prefix=f"fwray{self.port}-", dir="/tmp"))
         argv = ["--head", "--node-ip-address", "127.0.0.1", "--port", str(self.port)]
         argv += ["--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", str(self.temp_dir)]
         argv += free_port_options("dashboard-agent-listen-port", "ray-client-server-port", "metrics-export-port")
+        self.cpus_per_node = max(1, (os.cpu_count() or 1) // nodes) if nodes > 1 else None
+        if self.cpus_per_node is not None:
+            argv += ["--num-cpus", str(self.cpus_per_node)]
         super().__init__(argv, log_path, env, startup_timeout)
+        self.workers = [
+            RayNode(
+                [
+                    "--address",
+                    self.address,
+                    "--node-ip-address",
+                    "127.0.0.1",
+                    "--num-cpus",
+                    str(self.cpus_per_node),
+                    "--disable-usage-stats",
+                    *free_port_options(*self.NODE_PORTS),
+                ],
+                log_path.with_name(f"{log_path.stem}-node{i}{log_path.suffix}"),
+                env,
+                startup_timeout,
+            )
+            for i in range(1, nodes)
+        ]
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def root_pids(self) -> list[int]:
+        """The pid every process of each node runs below (head first)."""
+        return [node.process.pid for node in (self, *self.workers) if node.process is not None]
+
+    def start(self) -> None:
+        super().start()
+        try:
+            for worker in self.workers:
+                worker.start()
+        except SimulationError:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - self._started_at
+
     def stop(self) -> list[int]:
-        killed = super().stop()
+        killed = [pid for worker in reversed(self.workers) for pid in worker.stop()]
+        killed += super().stop()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         return killed

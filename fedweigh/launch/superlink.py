@@ -66,6 +66,7 @@ class LocalSuperLink:
         startup_timeout: float = SUPERLINK_STARTUP_TIMEOUT,
         out: TextIO | None = None,
         shared_ray: bool = False,
+        ray_nodes: int = 1,
     ) -> None:
         self.app_dir = Path(app_dir or Path.cwd()).expanduser().resolve()
         self.port = int(port)
@@ -86,6 +87,7 @@ class LocalSuperLink:
         self._final: dict[int, tuple[str, str]] = {}  # run id -> (status, details)
         self._control: Any = None  # Control API client, see run_status
         self.shared_ray = shared_ray
+        self.ray_nodes = ray_nodes  # nodes of the shared cluster, all on this machine
         self.ray: RayHead | None = None  # the shared Ray cluster we started
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -117,10 +119,11 @@ class LocalSuperLink:
             )
             return
         if self.shared_ray and not self.keep_superlink and not self.env.get("RAY_ADDRESS"):
-            self.ray = RayHead(self.env, self.flwr_home / f"ray-{self.port}.log")
+            self.ray = RayHead(self.env, self.flwr_home / f"ray-{self.port}.log", nodes=self.ray_nodes)
             self.ray.start()
             self.env["RAY_ADDRESS"] = self.ray.address
-            self._say(f"shared Ray cluster up on {self.ray.address} in {self.ray.startup_seconds:.1f}s")
+            nodes = f" ({self.ray_nodes} nodes)" if self.ray_nodes > 1 else ""
+            self._say(f"shared Ray cluster{nodes} up on {self.ray.address} in {self.ray.startup_seconds:.1f}s")
         cmd = superlink_command(self.port, self.database)
         self._say(f"starting SuperLink: {' '.join(cmd)} (log: {self.log_path})")
         t0 = time.monotonic()

@@ -1,6 +1,8 @@
 """A real Flower deployment on one machine: hosts as network namespaces.
 
-Used by ``tests/test_deployment.py``. Every Flower component runs as its own
+Used by ``tests/test_deployment.py``, ``tests/test_resident.py`` and the
+deployment benchmark (``fedweigh benchmark deployment``); it works from a
+checkout of the repository (the app folder, ``deploy/``'s scripts). Every Flower component runs as its own
 process, exactly as on separate machines: a SuperLink (with TLS and SuperNode
 authentication), SuperNodes that each hold one partition (their Runtime API,
 between a SuperNode and its ClientApps, on TLS too), and an operator host
@@ -40,7 +42,7 @@ import secrets
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -49,7 +51,7 @@ from fedweigh.launch.commands import parse_run_id, parse_run_status, simulation_
 from fedweigh.launch.processes import ProcessTree, descendants, free_port
 from fedweigh.launch.runconfig import build_run_config_arg
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 SUBNET = "10.231.0"
 SUPERLINK_PORT = 9093  # inside its own namespace; any free port on loopback
@@ -306,6 +308,7 @@ class Federation:
     workdir: Path
     processes: list[FlowerProcess] = field(default_factory=list)
     supernodes: dict[str, FlowerProcess] = field(default_factory=dict)
+    superexecs: dict[str, FlowerProcess] = field(default_factory=dict)  # resident SuperExecs, by host
     node_ids: dict[str, int] = field(default_factory=dict)  # key name -> registered node id
 
     @property
@@ -456,6 +459,7 @@ class Federation:
         trust_ca: bool = True,
         superlink: str | None = None,
         max_retries: int | None = None,
+        resident: bool = False,
     ) -> FlowerProcess:
         """A SuperNode on ``host``, by default the way every site runs one.
 
@@ -466,7 +470,11 @@ class Federation:
         CAs verify); ``key_name=None`` starts it in plaintext (``--insecure``,
         no key: Flower refuses a key without TLS, and no Runtime API TLS);
         ``superlink`` points it at another address; ``max_retries`` makes it
-        give up connecting after that many retries instead of trying forever.
+        give up connecting after that many retries instead of trying forever;
+        ``resident=True`` runs the node with ``--isolation process`` and a
+        ``fedweigh-superexec`` beside it on the same host (one long-running
+        ClientApp process, :mod:`fedweigh.resident`), in
+        ``self.superexecs[host]``.
         """
         argv: list[str | Path | int] = ["flower-supernode", "--superlink", superlink or self.topology.superlink_address]
         if key_name is None:
@@ -484,12 +492,17 @@ class Federation:
             "--node-config",
             " ".join(f"{key}={value}" for key, value in node_config.items()),
             "--isolation",
-            "subprocess",
+            "process" if resident else "subprocess",
             "--port",
             self.topology.runtime_ports[host],
         ]
         process = self.start(host, host, argv)
         self.supernodes[host] = process
+        if resident:
+            superexec: list[str | Path | int] = ["fedweigh-superexec", "--runtime-api-address"]
+            superexec += [f"127.0.0.1:{self.topology.runtime_ports[host]}"]
+            superexec += ["--insecure"] if key_name is None else ["--root-certificates", self.certificates / "ca.crt"]
+            self.superexecs[host] = self.start(f"{host}-superexec", host, superexec)
         return process
 
     # -- runs --------------------------------------------------------------------------
@@ -529,3 +542,28 @@ class Federation:
             table = process.tree.refresh()
             alive += [pid for pid, _ in ProcessTree._living({process.tree.root, *process.tree.known}, table)]
         return sorted(alive)
+
+
+@contextlib.contextmanager
+def federation_on_hosts(supernodes: Sequence[str], workdir: Path, keys: Sequence[str]) -> Iterator[Federation]:
+    """A :class:`Federation` with its SuperLink up: hosts for ``supernodes`` (namespaces where permitted,
+    else loopback: ``topology.isolated`` says which), certificates and node keys for ``keys``.
+
+    On exit every process is stopped and every namespace deleted; a process or
+    namespace that outlives that raises :class:`RuntimeError`.
+    """
+    permitted, _ = namespaces_permitted()
+    topology = plan_topology(supernodes, isolated=permitted, tag=secrets.token_hex(3))
+    network = VirtualNetwork(topology)
+    fed = Federation(topology, workdir)
+    try:
+        network.create()
+        fed.make_credentials(keys)
+        fed.start_superlink()
+        yield fed
+    finally:
+        fed.stop()
+        leftovers = fed.leftovers()
+        undeleted = network.destroy()
+        if leftovers or undeleted:
+            raise RuntimeError(f"left behind: processes {leftovers}, namespaces {undeleted}")

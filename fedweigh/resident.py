@@ -1,0 +1,275 @@
+"""A long-running ClientApp per SuperNode: ``fedweigh-superexec``, Flower's SuperExec without a process per message.
+
+In a deployment, Flower 1.41 runs every message a SuperNode receives in a new
+``flwr-clientapp`` process, started by the node's SuperExec: the interpreter,
+Flower, PyTorch and the app are imported again and the client's data loaded
+again, for every round (``docs/benchmarks.md`` measures it). Flower keeps no
+process between messages.
+
+``fedweigh-superexec`` is ``flower-superexec`` (same arguments, same loop:
+it asks the SuperNode's Runtime API for tasks, authenticated and over TLS as
+configured) with one change, for Flower :data:`SUPPORTED_FLOWER` only: a
+ClientApp task runs in this process, in a worker thread, instead of a new
+``flwr-clientapp`` process. What the task does is what ``flwr-clientapp``
+does (Flower's own functions pull its message, context and FAB, push the
+reply and the context, send the task's heartbeats); only the process stays.
+So imports happen once, and what the app caches in its modules (fedweigh's
+datasets and partitions) is loaded once per FAB.
+
+Use it with ``flower-supernode --isolation process``, in place of the
+SuperExec such a node expects (``docs/deployment.md``)::
+
+    flower-supernode ... --isolation process --runtime-api-address 127.0.0.1:9094
+    fedweigh-superexec --runtime-api-address 127.0.0.1:9094 --root-certificates ca.crt
+
+It asks for a task every :data:`TASK_POLL_INTERVAL` s unless
+``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` says otherwise (Flower's own setting;
+its default, 1 s, makes every message wait 0.5 s on average).
+
+The app's code is the FAB's, as with ``flwr-clientapp``: before the first
+task of a FAB, the modules of the FAB's top-level packages are dropped from
+``sys.modules``, so the FAB's files are imported (a new FAB, e.g. a new
+version of the app, is imported afresh). One task at a time: while one runs,
+the SuperExec asks for no other. Tasks that need runtime dependency
+installation, and tasks of other types, go to Flower's own subprocess
+executor. A ClientApp that crashes the interpreter (not an exception: an
+exception becomes the task's error reply, as in Flower) takes this process
+with it; the SuperNode then reports the task as failed, as when a
+``flwr-clientapp`` process dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_FLOWER = "1.41."
+"""Flower versions (a prefix) whose SuperExec and ClientApp process this module was checked against."""
+RUNNER_MODULE = "flwr.supercore.superexec.run_superexec"
+TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+"""Flower's setting of how often the SuperExec asks for a task (s; Flower's default 1.0)."""
+TASK_POLL_INTERVAL = "0.1"
+"""fedweigh-superexec's default for it: a task waits 0.05 s on average, not 0.5 s."""
+
+logger = logging.getLogger("flwr.fedweigh")
+
+
+@dataclass
+class ResidentStats:
+    """What the resident executor did (for tests and the benchmark's log)."""
+
+    tasks: int = 0
+    failed: int = 0
+    delegated: int = 0
+    apps_loaded: list[str] = field(default_factory=list)  # FAB hashes, in load order
+
+
+def app_packages(app_dir: Path) -> set[str]:
+    """Top-level module names a FAB's folder provides (packages and single-file modules)."""
+    names = {p.name for p in app_dir.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    names |= {p.stem for p in app_dir.glob("*.py")}
+    return names
+
+
+def forget_modules(packages: set[str]) -> list[str]:
+    """Drop ``packages`` and their submodules from ``sys.modules``; returns what was dropped."""
+    dropped = [name for name in sys.modules if name.split(".", 1)[0] in packages]
+    for name in dropped:
+        del sys.modules[name]
+    return dropped
+
+
+class ResidentExecutor:
+    """A SuperExec executor (Flower 1.41's ``Executor`` protocol) that runs ClientApp tasks in this process."""
+
+    def __init__(self) -> None:
+        from flwr.supercore.superexec.executor import SubprocessExecutor
+
+        self.fallback = SubprocessExecutor()
+        self.stats = ResidentStats()
+        self.apps: dict[str, Any] = {}  # FAB hash -> its loaded ClientApp
+        self.busy = threading.Event()
+        self.worker: threading.Thread | None = None
+
+    # -- the Executor protocol ---------------------------------------------------------
+    def get_eligible_capacity(
+        self, supported_task_types: set[Any], *, insecure: bool = False, root_certificates_path: str | None = None
+    ) -> tuple[set[Any], set[str]]:
+        """Everything while idle; nothing while a task runs (so no task is claimed and left waiting)."""
+        return (set() if self.busy.is_set() else set(supported_task_types)), set()
+
+    def wait_for_capacity(self, task_type: Any = None, **_: Any) -> None:
+        """Until the running task, if any, is done."""
+        while self.busy.is_set() and self.worker is not None:
+            self.worker.join(timeout=1.0)
+
+    def launch(self, spec: Any) -> Any:
+        """Run a ClientApp task in a worker thread of this process; anything else as Flower does."""
+        from flwr.supercore.constant import TaskType
+        from flwr.supercore.superexec.executor import LaunchResult
+
+        if spec.task_type != TaskType.CLIENT_APP or spec.runtime_dependency_install:
+            self.stats.delegated += 1
+            return self.fallback.launch(spec)
+        if self.busy.is_set():
+            return LaunchResult.capacity_rejected("a ClientApp task is running in the resident process")
+        self.busy.set()
+        self.worker = threading.Thread(
+            target=self._run, args=(spec,), name=f"clientapp-task-{spec.task_id}", daemon=True
+        )
+        self.worker.start()
+        return LaunchResult.accepted()
+
+    def reconcile(self) -> None:
+        """Nothing to maintain: one process, one worker thread at a time."""
+
+    def close(self) -> None:
+        """Wait briefly for a running task (its reply may still go out)."""
+        if self.worker is not None:
+            self.worker.join(timeout=5.0)
+
+    # -- one task, as flwr-clientapp runs it -------------------------------------------
+    def _run(self, spec: Any) -> None:
+        try:
+            self.run_task(spec)
+        except Exception:  # noqa: BLE001 - a task's failure must not end the SuperExec's loop
+            logger.exception("[fedweigh] resident ClientApp task %d could not be run", spec.task_id)
+            self.stats.failed += 1
+        finally:
+            self.busy.clear()
+
+    def run_task(self, spec: Any) -> None:
+        """Pull the task's input, run the app, push the reply and the context (Flower's functions)."""
+        from flwr.app import Message
+        from flwr.app.error import Error
+        from flwr.clientapp.client_app import LoadClientAppError
+        from flwr.common.constant import ErrorCode, SubStatus
+        from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+        from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
+        from flwr.supercore.retry import make_simple_http_retry_invoker
+        from flwr.supercore.runtime import RuntimeHttpClient
+        from flwr.supercore.runtime.tracing import RuntimeTracingInterceptor
+        from flwr.supercore.tls import validate_and_resolve_root_certificates
+        from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
+
+        client = RuntimeHttpClient.from_server_address(
+            server_address=spec.runtime_api_address,
+            insecure=spec.insecure,
+            root_certificates=validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure),
+            interceptors=[
+                RuntimeTracingInterceptor(),
+                RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
+                RuntimeTokenHttpInterceptor(spec.token),
+            ],
+            retry_invoker=make_simple_http_retry_invoker(),
+        )
+        heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+        started = time.monotonic()
+        message = context = reply = None
+        sub_status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
+        try:
+            heartbeat.start()
+            message, context, run, fab = pull_task_input(client)
+            app = self._client_app(run, fab)
+            reply = app(message=message, context=context)
+            sub_status, details = SubStatus.COMPLETED, ""
+            self.stats.tasks += 1
+            logger.info(
+                "[fedweigh] resident ClientApp task %d (%s) done in %.2fs in process %d",
+                spec.task_id,
+                message.metadata.message_type,
+                time.monotonic() - started,
+                os.getpid(),
+            )
+        except Exception as err:  # noqa: BLE001 - as flwr-clientapp: the error goes back as the reply
+            code = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+            reason = f"{type(err)}:<'{err}'>"
+            if isinstance(err, LoadClientAppError):
+                code, reason = ErrorCode.LOAD_CLIENT_APP_EXCEPTION, "An exception was raised when loading `ClientApp`"
+            logger.exception("[fedweigh] the ClientApp raised an exception")
+            details = reason
+            self.stats.failed += 1
+            if message is not None:
+                reply = Message(Error(code=code, reason=reason), reply_to=message)
+        finally:
+            try:
+                if reply is not None and context is not None:
+                    push_message(client, reply, context)
+            finally:
+                push_task_output(client=client, context=context, sub_status=sub_status, details=details)
+                if heartbeat.is_running:
+                    heartbeat.stop()
+                client.close()
+
+    def _client_app(self, run: Any, fab: Any) -> Any:
+        """The FAB's ClientApp, installed and imported on its first task, then kept."""
+        if (app := self.apps.get(fab.hash_str)) is not None:
+            return app
+        from flwr.cli.install import install_from_fab
+        from flwr.clientapp.utils import get_load_client_app_fn
+        from flwr.common.config import get_project_dir
+
+        install_from_fab(fab.content, skip_prompt=True)
+        app_dir = Path(get_project_dir(run.fab_id, run.fab_version, fab.hash_str))
+        dropped = forget_modules(app_packages(app_dir))  # import the FAB's code, not what is loaded already
+        app = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)(
+            run.fab_id, run.fab_version, fab.hash_str
+        )
+        logger.info(
+            "[fedweigh] resident ClientApp of FAB %s loaded from %s (%d modules imported afresh)",
+            fab.hash_str[:12],
+            app_dir,
+            len(dropped),
+        )
+        self.apps = {fab.hash_str: app}  # one FAB's modules at a time: an older app's are gone
+        self.stats.apps_loaded.append(fab.hash_str)
+        return app
+
+
+def install(executor: ResidentExecutor | None = None) -> ResidentExecutor:
+    """Make Flower's SuperExec loop in this process use a :class:`ResidentExecutor`; returns it."""
+    import importlib
+
+    import flwr
+
+    if not flwr.__version__.startswith(SUPPORTED_FLOWER):
+        raise RuntimeError(
+            f"fedweigh-superexec was checked against flwr {SUPPORTED_FLOWER}x, this is flwr {flwr.__version__}: "
+            "use flower-superexec (a ClientApp process per message) until fedweigh/resident.py is checked"
+        )
+    runner = importlib.import_module(RUNNER_MODULE)
+    resident = executor or ResidentExecutor()
+
+    def get_executor(executor_type: Any, executor_config: Any = None, **_: Any) -> ResidentExecutor:
+        from flwr.supercore.constant import ExecutorType
+
+        if executor_type != ExecutorType.SUBPROCESS or executor_config:
+            raise ValueError("fedweigh-superexec runs ClientApps in its own process: --executor subprocess only")
+        return resident
+
+    runner.get_executor = get_executor
+    return resident
+
+
+def main() -> None:
+    """``fedweigh-superexec``: ``flower-superexec``'s command line, with ClientApp tasks run in this process."""
+    from flwr.supercore.cli.flower_superexec import flower_superexec
+
+    os.environ.setdefault(TASK_POLL_ENV, TASK_POLL_INTERVAL)  # set it to choose another
+    try:
+        install()
+    except RuntimeError as err:
+        print(f"fedweigh-superexec: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    logging.getLogger("flwr.fedweigh").setLevel(logging.INFO)
+    flower_superexec()
+
+
+if __name__ == "__main__":  # a file on its own (the container image's copy): it imports only Flower
+    main()
