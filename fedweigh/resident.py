@@ -45,7 +45,6 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,16 +57,6 @@ TASK_POLL_INTERVAL = "0.1"
 """fedweigh-superexec's default for it: a task waits 0.05 s on average, not 0.5 s."""
 
 logger = logging.getLogger("flwr.fedweigh")
-
-
-@dataclass
-class ResidentStats:
-    """What the resident executor did (for tests and the benchmark's log)."""
-
-    tasks: int = 0
-    failed: int = 0
-    delegated: int = 0
-    apps_loaded: list[str] = field(default_factory=list)  # FAB hashes, in load order
 
 
 def app_packages(app_dir: Path) -> set[str]:
@@ -92,8 +81,7 @@ class ResidentExecutor:
         from flwr.supercore.superexec.executor import SubprocessExecutor
 
         self.fallback = SubprocessExecutor()
-        self.stats = ResidentStats()
-        self.apps: dict[str, Any] = {}  # FAB hash -> its loaded ClientApp
+        self.loaded: tuple[str, Any] | None = None  # (FAB hash, its ClientApp): one FAB's modules at a time
         self.busy = threading.Event()
         self.worker: threading.Thread | None = None
 
@@ -115,7 +103,6 @@ class ResidentExecutor:
         from flwr.supercore.superexec.executor import LaunchResult
 
         if spec.task_type != TaskType.CLIENT_APP or spec.runtime_dependency_install:
-            self.stats.delegated += 1
             return self.fallback.launch(spec)
         if self.busy.is_set():
             return LaunchResult.capacity_rejected("a ClientApp task is running in the resident process")
@@ -140,7 +127,6 @@ class ResidentExecutor:
             self.run_task(spec)
         except Exception:  # noqa: BLE001 - a task's failure must not end the SuperExec's loop
             logger.exception("[fedweigh] resident ClientApp task %d could not be run", spec.task_id)
-            self.stats.failed += 1
         finally:
             self.busy.clear()
 
@@ -179,7 +165,6 @@ class ResidentExecutor:
             app = self._client_app(run, fab)
             reply = app(message=message, context=context)
             sub_status, details = SubStatus.COMPLETED, ""
-            self.stats.tasks += 1
             logger.info(
                 "[fedweigh] resident ClientApp task %d (%s) done in %.2fs in process %d",
                 spec.task_id,
@@ -194,7 +179,6 @@ class ResidentExecutor:
                 code, reason = ErrorCode.LOAD_CLIENT_APP_EXCEPTION, "An exception was raised when loading `ClientApp`"
             logger.exception("[fedweigh] the ClientApp raised an exception")
             details = reason
-            self.stats.failed += 1
             if message is not None:
                 reply = Message(Error(code=code, reason=reason), reply_to=message)
         finally:
@@ -209,8 +193,8 @@ class ResidentExecutor:
 
     def _client_app(self, run: Any, fab: Any) -> Any:
         """The FAB's ClientApp, installed and imported on its first task, then kept."""
-        if (app := self.apps.get(fab.hash_str)) is not None:
-            return app
+        if self.loaded is not None and self.loaded[0] == fab.hash_str:
+            return self.loaded[1]
         from flwr.cli.install import install_from_fab
         from flwr.clientapp.utils import get_load_client_app_fn
         from flwr.common.config import get_project_dir
@@ -227,8 +211,7 @@ class ResidentExecutor:
             app_dir,
             len(dropped),
         )
-        self.apps = {fab.hash_str: app}  # one FAB's modules at a time: an older app's are gone
-        self.stats.apps_loaded.append(fab.hash_str)
+        self.loaded = (fab.hash_str, app)  # an older FAB's app goes: its modules are gone from sys.modules
         return app
 
 

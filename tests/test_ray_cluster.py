@@ -30,7 +30,7 @@ from conftest import REPO
 
 from fedweigh.launch.commands import build_federation_config, simulation_env
 from fedweigh.launch.processes import ProcessTree, free_port, free_port_options
-from fedweigh.launch.ray import RayNode
+from fedweigh.launch.ray import NODE_PORTS, RayNode
 from fedweigh.launch.simulation import LocalSimulation
 from fedweigh.results import read_metrics
 
@@ -88,8 +88,6 @@ def ray_cluster():
     port = free_port()
     common = ["--node-ip-address", "127.0.0.1", "--object-store-memory", str(OBJECT_STORE_BYTES)]
     common += ["--disable-usage-stats"]
-    node_ports = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port")
-    node_ports += ("dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
     nodes: list[RayNode] = []
     try:
         head = RayNode(
@@ -106,7 +104,7 @@ def ray_cluster():
                 "--temp-dir",
                 str(temp / "ray"),
                 *common,
-                *free_port_options(*node_ports, "ray-client-server-port"),
+                *free_port_options(*NODE_PORTS, "ray-client-server-port"),
             ],
             temp / "head.log",
             env,
@@ -122,7 +120,7 @@ def ray_cluster():
                 "--num-gpus",
                 "1",
                 *common,
-                *free_port_options(*node_ports),
+                *free_port_options(*NODE_PORTS),
             ],
             temp / "worker.log",
             env,

@@ -19,6 +19,10 @@ from fedweigh.launch.commands import executable
 from fedweigh.launch.processes import ProcessTree, free_port, free_port_options, spawn_logged, tail
 from fedweigh.launch.runconfig import SimulationError
 
+NODE_PORTS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port")
+NODE_PORTS += ("dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
+"""The ``ray start`` port options of a node's own listeners; two nodes on one machine need each its own."""
+
 
 class RayNode:
     """One Ray node run by ``ray start --block <argv>``; all its processes stay below that one.
@@ -85,9 +89,6 @@ class RayHead(RayNode):
     without a second host).
     """
 
-    NODE_PORTS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port")
-    NODE_PORTS += ("dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
-
     def __init__(self, env: Mapping[str, str], log_path: Path, startup_timeout: float = 120.0, nodes: int = 1) -> None:
         if nodes < 1:
             raise ValueError(f"a Ray cluster needs at least one node, got nodes = {nodes}")
@@ -111,7 +112,7 @@ class RayHead(RayNode):
                     "--num-cpus",
                     str(self.cpus_per_node),
                     "--disable-usage-stats",
-                    *free_port_options(*self.NODE_PORTS),
+                    *free_port_options(*NODE_PORTS),
                 ],
                 log_path.with_name(f"{log_path.stem}-node{i}{log_path.suffix}"),
                 env,
