@@ -30,11 +30,20 @@ profiler counts):
   follows its implementation in :mod:`fedweigh.strategies` (additions,
   multiplications, divisions and square roots; comparisons and sorting are
   not floating-point arithmetic and are not counted).
+* ``fedma-simplified`` (:mod:`fedweigh.strategies.fedma`) matches each
+  matched tensor of ``K - 1`` clients to the first client's: the Euclidean
+  distances of its ``r`` rows of ``c`` entries to the reference's rows cost
+  ``r^2 (3c - 1)`` (subtract, square, sum) plus ``r^2`` square roots, exactly
+  as computed; the assignment (SciPy's shortest augmenting path) is counted
+  as its bound of ``2 r^3`` additions of reduced costs, so this part is an
+  upper bound, not a count.
 
 About the FedNolowe paper's "40% fewer FLOPs": it compares FedNolowe with
 FedMa, not with FedAvg. Counted as above, FedNolowe costs exactly what FedAvg
 costs except for ``O(K)`` scalar operations (about 25 FLOPs for 5 clients),
-and FedProx costs well under 1% more. The paper's Table 6 numbers (34.3
+FedProx costs well under 1% more, and the authors' FedMa (``fedma-simplified``)
+adds its matching, about 0.4% of a LeNet-5 round (5 clients of 1,200 MNIST
+images, 2 epochs). The paper's Table 6 numbers (34.3
 MFLOPs per round for LeNet-5) are about one training sample's worth, not a
 round's (see the FedNolowe spec, section 5).
 
@@ -63,6 +72,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedweigh.models import build_model
+from fedweigh.strategies.fedma import is_matched
 
 if TYPE_CHECKING:
     from fedweigh.data.sources import DatasetInfo
@@ -179,6 +189,17 @@ def _no_extra(trainable_parameters: int) -> int:
     return 0
 
 
+def _no_matching(num_clients: int, matched: Sequence[tuple[int, int]]) -> int:
+    return 0
+
+
+def _row_matching(num_clients: int, matched: Sequence[tuple[int, int]]) -> int:
+    """``fedma-simplified``'s matching: per other client and matched ``(rows r, row length c)``, distances and the
+    assignment bound (module docstring)."""
+    per_client = sum(rows * rows * (3 * length - 1) + rows * rows + 2 * rows**3 for rows, length in matched)
+    return (num_clients - 1) * per_client
+
+
 def _proximal_extra(trainable_parameters: int) -> int:
     return PROXIMAL_FLOPS_PER_PARAMETER * trainable_parameters
 
@@ -194,10 +215,14 @@ class MethodCost:
     extra_per_step : callable
         Client FLOPs added to every local step, ``d -> int`` for ``d``
         trainable parameters.
+    matching : callable
+        Server FLOPs to align ``K`` client models before averaging,
+        ``(K, [(rows, row length) of each matched tensor]) -> int``.
     """
 
     weighting: Callable[[int], int]
     extra_per_step: Callable[[int], int] = _no_extra
+    matching: Callable[[int, Sequence[tuple[int, int]]], int] = _no_matching
 
 
 METHOD_COSTS: dict[str, MethodCost] = {
@@ -206,6 +231,7 @@ METHOD_COSTS: dict[str, MethodCost] = {
     "uniform": MethodCost(_uniform_weighting),
     "fednolowe": MethodCost(_complement_share_weighting),
     "fedasl": MethodCost(_loss_deviation_weighting),
+    "fedma-simplified": MethodCost(_uniform_weighting, matching=_row_matching),
 }
 """Strategies whose round cost this module can count, by registry name."""
 
@@ -224,12 +250,16 @@ def _registry_step_flops(
     return _count_training_step(model, (in_channels, image_size, image_size), batch_size)
 
 
-def _model_sizes(model_name: str, dataset: DatasetInfo, options: Mapping[str, Any]) -> tuple[int, int]:
+def _model_sizes(
+    model_name: str, dataset: DatasetInfo, options: Mapping[str, Any], skip_layers: Sequence[str]
+) -> tuple[int, int, list[tuple[int, int]]]:
     with torch.device("meta"):
         model = build_model(model_name, dataset.num_classes, dataset.in_channels, dataset.image_size, **options)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    averaged = sum(t.numel() for t in model.state_dict().values())
-    return trainable, averaged
+    state = model.state_dict()
+    averaged = sum(t.numel() for t in state.values())
+    matched = [(t.shape[0], t[0].numel()) for name, t in state.items() if is_matched(name, t, skip_layers)]
+    return trainable, averaged, matched
 
 
 def round_flops(
@@ -241,6 +271,7 @@ def round_flops(
     batch_size: int,
     strategy: str,
     model_options: Mapping[str, Any] | None = None,
+    skip_layers: Sequence[str] = (),
 ) -> dict[str, int]:
     """FLOPs of one federated round, by part (see the module docstring for what is counted).
 
@@ -260,6 +291,9 @@ def round_flops(
         One of :data:`METHOD_COSTS`.
     model_options : mapping, optional
         Model options such as ``{"width": 64}`` for ``resnet8``.
+    skip_layers : sequence of str, optional
+        ``fedma-simplified.skip-layers``: layers the matching leaves alone
+        (``("fc3",)`` as the authors' code does for LeNet-5).
 
     Returns
     -------
@@ -267,7 +301,9 @@ def round_flops(
         ``local_training`` (forward and backward passes of all clients),
         ``client_extra`` (e.g. FedProx's proximal term, all clients),
         ``server_averaging`` (``2 K d``), ``server_weighting`` (the rule's
-        scalar work), ``total`` (the sum of those four), and for context
+        scalar work), ``server_matching`` (``fedma-simplified``'s alignment,
+        an upper bound; 0 for the others), ``total`` (the sum of those five),
+        and for context
         ``step_forward_backward`` (one full batch), ``local_steps`` (all
         clients), ``trainable_parameters`` and ``averaged_entries``.
 
@@ -296,13 +332,14 @@ def round_flops(
         )
 
     cost = METHOD_COSTS[strategy]
-    trainable, averaged = _model_sizes(model_name, dataset, options)
+    trainable, averaged, matched = _model_sizes(model_name, dataset, options, skip_layers)
     steps = sum(local_steps(n, local_epochs, batch_size) for n in sizes)
     parts = {
         "local_training": sum(local_training_flops(step_flops, n, local_epochs, batch_size) for n in sizes),
         "client_extra": steps * cost.extra_per_step(trainable),
         "server_averaging": 2 * num_clients * averaged,
         "server_weighting": cost.weighting(num_clients),
+        "server_matching": cost.matching(num_clients, matched),
     }
     return {
         **parts,

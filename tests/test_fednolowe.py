@@ -434,8 +434,33 @@ def test_round_flops_of_the_digits_mlp_match_the_hand_count(strategy, weighting,
     assert cost["server_averaging"] == 2 * 3 * trainable
     assert cost["server_weighting"] == weighting
     assert cost["client_extra"] == (PROXIMAL_FLOPS_PER_PARAMETER * trainable * steps if proximal else 0)
-    parts = ("local_training", "client_extra", "server_averaging", "server_weighting")
+    assert cost["server_matching"] == 0
+    parts = ("local_training", "client_extra", "server_averaging", "server_weighting", "server_matching")
     assert cost["total"] == sum(cost[part] for part in parts)
+
+
+def row_matching_hand_count(rows: int, length: int) -> int:
+    """One other client, one tensor: r^2 distances of 3c - 1 operations and a square root each; 2 r^3 assignment."""
+    return rows * rows * (3 * length - 1) + rows * rows + 2 * rows**3
+
+
+@pytest.mark.parametrize(("skip_layers", "matched"), [((), [(64, 64), (10, 64)]), (("fc2",), [(64, 64)])])
+def test_fedma_simplified_adds_the_matching_of_its_matched_tensors_only(skip_layers, matched):
+    sizes = [70, 33, 64]
+    cost = round_flops("mlp", DIGITS_INFO, 3, sizes, 2, 32, strategy="fedma-simplified", skip_layers=skip_layers)
+    uniform = round_flops("mlp", DIGITS_INFO, 3, sizes, 2, 32, strategy="uniform")
+    assert cost["server_matching"] == 2 * sum(row_matching_hand_count(r, c) for r, c in matched)  # K - 1 = 2
+    assert cost["total"] - uniform["total"] == cost["server_matching"]
+
+
+def test_the_authors_fedma_costs_under_one_percent_more_than_fednolowe_on_lenet5():
+    """The paper's "40 % fewer FLOPs than FedMa" cannot hold once local training is counted."""
+    arguments = ("lenet5", MNIST_INFO, 5, 1200, 2, 32)
+    fedma = round_flops(*arguments, strategy="fedma-simplified", skip_layers=("fc3",))
+    fednolowe = round_flops(*arguments, strategy="fednolowe")
+    matched = [(32, 25), (64, 800), (256, 1024), (128, 256)]  # conv1, conv2, fc1, fc2; BatchNorm and biases are not
+    assert fedma["server_matching"] == 4 * sum(row_matching_hand_count(r, c) for r, c in matched)
+    assert 0.001 < (fedma["total"] - fednolowe["total"]) / fedma["total"] < 0.01
 
 
 def test_lenet5_step_matches_a_per_layer_count():

@@ -28,9 +28,8 @@ LAYERS: list[set[str]] = [
         "fedweigh.client",
         "fedweigh.results",
         "fedweigh.tracking",
-        "fedweigh.flops",
     },
-    {"fedweigh.methods", "fedweigh.components", "fedweigh.strategies", "fedweigh.preflight"},
+    {"fedweigh.methods", "fedweigh.components", "fedweigh.strategies", "fedweigh.preflight", "fedweigh.flops"},
     {"fedweigh.server_app", "fedweigh.client_app", "fedweigh.resident", "fedweigh.launch"},
     {"fedweigh.experiments", "fedweigh.benchmarks", "fedweigh.cli"},
 ]
