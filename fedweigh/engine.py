@@ -200,15 +200,8 @@ class NodeRegistry:
     def wait_covering(self, node_ids: Iterable[int], timeout: float) -> dict[int, NodeConfig] | None:
         """:meth:`covering`, waiting up to ``timeout`` s for the engine to publish it."""
         wanted = list(node_ids)
-        found: list[dict[int, NodeConfig] | None] = [None]
-
-        def published() -> bool:
-            found[0] = self.covering(wanted)
-            return found[0] is not None
-
-        with self.condition:
-            self.condition.wait_for(published, timeout=timeout)
-        return found[0]
+        with self.condition:  # an RLock: covering() takes it again; wait_for returns the predicate's last value
+            return self.condition.wait_for(lambda: self.covering(wanted), timeout=timeout)
 
 
 SimulatedNodes = tuple[dict[int, int], int | None]
