@@ -10,6 +10,10 @@ on (keys from ``deploy/make-supernode-keys.sh``, registered with
 host of its own. Where namespaces are not permitted the same topology runs on
 127.0.0.1 and the test says so with a :class:`LoopbackFallbackWarning`.
 
+supernode-1 and supernode-2 keep one long-running ClientApp each
+(``fedweigh-superexec``, ``--isolation process``); supernode-3 runs Flower's
+default, a ClientApp process per message.
+
 Order matters and pytest keeps it, and later tests build on earlier ones:
 
 1. refusals: an unregistered SuperNode, one that does not trust the CA, a
@@ -27,7 +31,8 @@ Order matters and pytest keeps it, and later tests build on earlier ones:
    delivered twice; each round closes with the others;
 7. supernode-3 stops cleanly and is offline at once;
 8. ``deadline``: an asynchronous run whose rounds close at a deadline while a
-   slow node, holding supernode-3's partition, keeps training.
+   slow node (resident, 12 s late), holding supernode-3's partition, keeps
+   training.
 
 The suite runs this module on one pytest-xdist worker (``xdist_group``), in
 this order; ``tests/conftest.py`` fails it if the group cannot be kept.
@@ -48,6 +53,7 @@ from pathlib import Path
 import pytest
 import torch
 from fault_reasons import REASON as FAULT_REASONS
+from loopback import run_in_process
 
 from fedweigh.launch.virtual_federation import (
     DEPLOY,
@@ -68,11 +74,16 @@ NO_CA = "no-ca"  # registered, but does not trust the federation's CA
 PLAINTEXT = "plaintext"  # no TLS at all (--insecure), hence no key either
 ROGUE = "rogue"  # a second SuperLink, with a certificate from the CA for another host
 MISLED = "misled"  # a SuperNode that trusts the CA, pointed at the rogue SuperLink
-SLOW = "slow"  # registered; replies 20 s after training, like a slow device
+SLOW = "slow"  # registered; replies 12 s after training, like a slow device
 KEYS = [*SUPERNODES, STRANGER, NO_CA, MISLED, SLOW]
+# Two sites keep one long-running ClientApp (fedweigh-superexec beside a SuperNode with --isolation process); the
+# third runs Flower's default, a flwr-clientapp process per message. A federation may mix them, and the ClientApp
+# process that supernode-3 starts for each message is also what leaves time to kill it, or the ServerApp, mid-round.
+RESIDENT = ("supernode-1", "supernode-2")
 RUN = {"strategy": "fedoui", "dataset": "digits", "seed": 2, "fraction-train": 1.0, "min-train-nodes": 2}
 RESULT_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "model.pt", "summary.json")
 CLIENT_SIDE = ("num_examples", "train_loss", "oui")  # what a client computes alone, from the model it received
+TASK_DONE = re.compile(r"\[fedweigh\] resident ClientApp task \d+ \((\w+)\) done in [0-9.]+s in process (\d+)")
 
 pytestmark = pytest.mark.xdist_group("deployment")
 
@@ -100,7 +111,7 @@ def federation(tmp_path_factory):
         for name in [*SUPERNODES, NO_CA]:
             fed.register(name)
         for index, name in enumerate(SUPERNODES):
-            fed.start_supernode(name, name, partition(index))
+            fed.start_supernode(name, name, partition(index), resident=name in RESIDENT)
         for name in SUPERNODES:
             fed.supernodes[name].wait_for(r"SuperNode ID: \d+", timeout=180)
         yield fed
@@ -118,10 +129,19 @@ def activations(fed: Federation, host: str) -> list[str]:
     return re.findall(pattern, fed.processes[0].text())
 
 
-def superexec_tls(process: FlowerProcess) -> list[str]:
-    """How the SuperExec below a SuperLink or SuperNode reaches its Runtime API: its TLS flags."""
-    (superexec,) = process.running("flower-superexec")
-    argv = command_line(superexec)
+def superexec_tls(federation: Federation, host: str | None) -> list[str]:
+    """How the SuperExec of a SuperNode (``host``) or of the SuperLink (``None``) reaches its Runtime API: its TLS
+    flags. Flower's ``flower-superexec`` runs below its SuperNode or SuperLink; a resident ``fedweigh-superexec``
+    beside its SuperNode (and then none below it)."""
+    process = federation.processes[0] if host is None else federation.supernodes[host]
+    below = process.running("flower-superexec")
+    if host in federation.superexecs:
+        assert below == [], f"{host}: --isolation process, yet a flower-superexec below it"
+        argv = command_line(federation.superexecs[host].popen.pid)
+        assert Path(argv[1]).name == "fedweigh-superexec", argv
+    else:
+        (superexec,) = below
+        argv = command_line(superexec)
     return [arg for arg in argv if arg in {"--insecure", "--root-certificates"}]
 
 
@@ -182,11 +202,12 @@ def test_federation_is_up_with_tls_and_every_node_authenticated(federation):
     assert f"Uvicorn running on https://{federation.topology.superlink_address}" in superlink
     states = federation.node_states()
     assert [states[federation.node_ids[name]] for name in SUPERNODES] == ["online"] * 3
-    assert superexec_tls(federation.processes[0]) == ["--root-certificates"]  # the ServerApps' SuperExec
+    assert superexec_tls(federation, None) == ["--root-certificates"]  # the ServerApps' SuperExec
+    assert sorted(federation.superexecs) == sorted(RESIDENT)
     for name in SUPERNODES:  # each Runtime API serves TLS, and its SuperExec verifies it with the CA
         node = federation.supernodes[name]
         assert f"Uvicorn running on https://127.0.0.1:{federation.topology.runtime_ports[name]}" in node.text()
-        assert superexec_tls(node) == ["--root-certificates"]
+        assert superexec_tls(federation, name) == ["--root-certificates"]
     answers = {name: activations(federation, name) for name in SUPERNODES}
     if federation.topology.isolated:  # each node reached the SuperLink from its own address
         assert answers == dict.fromkeys(SUPERNODES, ["200"])
@@ -254,7 +275,14 @@ def test_supernode_refuses_a_superlink_certified_for_another_host(federation, tm
     rogue.stop()
 
 
-def test_fedoui_trains_across_the_hosts(federation, output_dir):
+def test_fedoui_trains_across_the_hosts(federation, output_dir, tmp_path):
+    """The reference run: complete, and what the same config gives in one process, to the bit.
+
+    Partitions 0 and 1 trained in long-running ClientApps, partition 2 in a
+    ClientApp process per message: the run's rows (timings aside) and model
+    equal those of the same config run in this process (``tests/loopback.py``),
+    so neither way of running a ClientApp changes a result.
+    """
     config = {**RUN, "num-server-rounds": 2, "output-dir": str(output_dir), "run-name": "tls"}
     run = completed(federation, config, "tls")
 
@@ -269,6 +297,17 @@ def test_fedoui_trains_across_the_hosts(federation, output_dir):
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["rounds"] == 2 and summary["final_accuracy"] == rows[-1]["accuracy"]
     assert "[fedweigh] done: final accuracy" in run.log
+
+    for name in RESIDENT:  # every message of the site (the partition query, two trainings): one process, one import
+        superexec = federation.superexecs[name]
+        log = superexec.text()
+        tasks = TASK_DONE.findall(log)
+        assert [kind for kind, _ in tasks] == ["query", "train", "train"], log[-3000:]
+        assert {int(pid) for _, pid in tasks} == {superexec.popen.pid}
+        assert log.count("resident ClientApp of FAB") == 1 and superexec.running("flwr-clientapp") == []
+    in_process = run_in_process({**config, "output-dir": str(tmp_path)}, num_nodes=len(SUPERNODES))
+    assert without_timing(rows) == without_timing(read_metrics(in_process))
+    assert same_tensors(folder / "model.pt", in_process / "model.pt")
 
 
 def test_run_completes_when_a_supernode_is_killed_mid_round(federation, output_dir):
@@ -390,18 +429,20 @@ def test_a_supernode_that_stops_cleanly_is_offline_at_once(federation):
 
 def test_rounds_close_at_their_deadline_and_a_slow_node_s_update_joins_a_later_round(federation, output_dir):
     federation.register(SLOW)
-    slow = federation.start_supernode(SLOW, SLOW, {**partition(2), "train-delay": 20})  # supernode-3's partition
+    slow = federation.start_supernode(SLOW, SLOW, {**partition(2), "train-delay": 12}, resident=True)  # supernode-3's
     slow.wait_for(r"SuperNode ID: \d+", timeout=180)
     config = {
         **RUN,
         "strategy": "fedavg",
-        "num-server-rounds": 8,
+        "num-server-rounds": 7,
         "round-deadline": 8.0,
         "min-round-replies": 2,
-        "max-staleness": 7,
+        "max-staleness": 6,
         "output-dir": str(output_dir),
         "run-name": "deadline",
     }
+    # Round 1 closes at 8 s; a round without the slow node takes at least 3 s (a SuperNode that found no message
+    # sleeps 3 s before it asks again), so the reply, about 13-16 s after round 1 began, joins round 3-5 of 7.
     run = completed(federation, config, "deadline")
 
     rows = read_metrics(output_dir / "deadline")

@@ -3,10 +3,11 @@
 The runs share one simulation SuperLink and Ray cluster (``shared_simulation``
 in conftest); each is a real Flower run, exactly what ``fedweigh simulate``
 does for a user. One run's server process is SIGKILLed in the middle of the
-run and the run resumed; one config is run twice. One test goes through the
-``fedweigh simulate`` command itself, with a SuperLink and Ray of its own, as
-the README's first command does. Every strategy and every rule also run end
-to end in ``test_end_to_end.py``, in one process.
+run and the run resumed; one config is run twice, the second time without the
+engine's event-driven hand-off. One test goes through the ``fedweigh
+simulate`` command itself, with a SuperLink and Ray of its own, as the
+README's first command does. Every strategy and every rule also run end to
+end in ``test_end_to_end.py``, in one process.
 """
 
 from __future__ import annotations
@@ -51,8 +52,12 @@ def output_dir(tmp_path_factory):
 
 
 def run(simulation, output_dir, name: str, **config):
+    """A real run of ``SMALL`` plus ``config``; its log (Flower's and the app's) in ``<output_dir>/<name>.log``."""
     outcome = simulation.run(
-        {**SMALL, "output-dir": str(output_dir), "run-name": name, **config}, num_supernodes=4, echo=False
+        {**SMALL, "output-dir": str(output_dir), "run-name": name, **config},
+        num_supernodes=4,
+        echo=False,
+        log_path=output_dir / f"{name}.log",
     )
     assert outcome.ok, f"run {name} ended {outcome.status}: {outcome.details}"
     return outcome.results_dir
@@ -128,13 +133,13 @@ def run_killed(simulation, output_dir, name: str, after_round: int, **config) ->
 
 @pytest.fixture(scope="session")
 def runs(shared_simulation, output_dir):
-    """FedAvg, 3 rounds; FLood (client steps and a per-round value over the wire), 2, twice; FedAvg, 3 rounds, its
-    server killed after round 1, then resumed; Feddle with out-of-distribution server data and delayed clients, 4."""
+    """FedAvg, 3 rounds; FLood (client steps and a per-round value over the wire), 2, twice: the second time with
+    the engine's event-driven hand-off switched off; FedAvg, 3 rounds, its server killed after round 1, then
+    resumed; Feddle with out-of-distribution server data and delayed clients, 4."""
+    flood_config = {"strategy": "flood", "flood.halt-round": 1, "flood.a": 2.0}
     straight = run(shared_simulation, output_dir, "fedavg", **{"num-server-rounds": 3})
-    flood = run(shared_simulation, output_dir, "flood", strategy="flood", **{"flood.halt-round": 1, "flood.a": 2.0})
-    again = run(
-        shared_simulation, output_dir, "flood-again", strategy="flood", **{"flood.halt-round": 1, "flood.a": 2.0}
-    )
+    flood = run(shared_simulation, output_dir, "flood", **flood_config)
+    again = run(shared_simulation, output_dir, "flood-again", **flood_config, **{"event-driven-simulation": False})
     killed = run_killed(shared_simulation, output_dir, "killed", after_round=1, **{"num-server-rounds": 3})
     resumed = run(
         shared_simulation, output_dir, "resumed", **{"num-server-rounds": 3, "resume-from": str(killed["folder"])}
@@ -217,11 +222,20 @@ def test_a_run_killed_and_resumed_ends_exactly_where_the_uninterrupted_one_does(
         assert torch.equal(tensor, final_resumed[name]), name
 
 
-def test_a_config_run_twice_gives_the_same_files(runs):
-    """Two real simulations of FLood (seeded client sampling, ASW's batch weights, the OOD scores) on CPU."""
+def test_a_config_run_twice_gives_the_same_files_with_or_without_the_event_driven_hand_off(runs, output_dir):
+    """Two real simulations of FLood (seeded client sampling, ASW's batch weights, the OOD scores) on CPU.
+
+    The engine's loop is fedweigh's (fedweigh/engine.py) and hands messages on
+    when they are stored; the second run switches that off and goes by Flower's
+    polling: the very same files come out.
+    """
     first, second = runs["flood"], runs["flood-again"]
     assert comparable(second) == comparable(first)
     assert (second / MODEL_FILE).read_bytes() == (first / MODEL_FILE).read_bytes()
+    driven, polling = ((output_dir / f"{name}.log").read_text() for name in ("flood", "flood-again"))
+    assert "simulation hand-off: replies event-driven; the engine's loop event-driven" in driven
+    assert "Flower's 0.1 s polling (event-driven-simulation = false)" in polling
+    assert "Flower's 0.1 s polling" not in driven
 
 
 @pytest.mark.xdist_group("cli")  # a SuperLink and Ray of its own: it can run beside the shared simulation
@@ -253,27 +267,6 @@ def test_fedweigh_simulate_refuses_a_bad_run_config_before_starting_anything(cap
     error = capsys.readouterr().err
     assert "aggregation = 'median': unknown aggregation rule; accepted:" in error
     assert not list((REPO / ".flwr").glob(f"superlink-{port}.pid"))  # no SuperLink was started
-
-
-def test_the_event_driven_hand_off_runs_and_changes_no_result(shared_simulation, output_dir):
-    """The engine's loop is fedweigh's (fedweigh/engine.py) and hands messages on when stored; switched off,
-    Flower's polling gives the very same metrics."""
-    logs = {}
-    rows = {}
-    for name, driven in (("driven", True), ("polling", False)):
-        log = output_dir / f"{name}.log"
-        outcome = shared_simulation.run(
-            {**SMALL, "output-dir": str(output_dir), "run-name": name, "event-driven-simulation": driven},
-            num_supernodes=4,
-            echo=False,
-            log_path=log,
-        )
-        assert outcome.ok, f"{name}: {outcome.status} {outcome.details}"
-        logs[name] = log.read_text()
-        rows[name] = without_timing(read_metrics(outcome.results_dir))
-    assert "simulation hand-off: replies event-driven; the engine's loop event-driven" in logs["driven"]
-    assert "Flower's 0.1 s polling (event-driven-simulation = false)" in logs["polling"]
-    assert rows["driven"] == rows["polling"]
 
 
 def test_the_vanilla_flower_peer_of_the_overhead_benchmark_runs(shared_simulation, output_dir):

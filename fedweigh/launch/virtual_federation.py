@@ -1,6 +1,6 @@
 """A real Flower deployment on one machine: hosts as network namespaces.
 
-Used by ``tests/test_deployment.py``, ``tests/test_resident.py`` and the
+Used by ``tests/test_deployment.py`` and the
 deployment benchmark (``fedweigh benchmark deployment``); it works from a
 checkout of the repository (the app folder, ``deploy/``'s scripts). Every Flower component runs as its own
 process, exactly as on separate machines: a SuperLink (with TLS and SuperNode
