@@ -1,8 +1,8 @@
 """A real Flower deployment on one machine: hosts as network namespaces.
 
-Used by ``tests/test_deployment.py`` and the
-deployment benchmark (``fedweigh benchmark deployment``); it works from a
-checkout of the repository (the app folder, ``deploy/``'s scripts). Every Flower component runs as its own
+Used by ``tests/test_deployment.py`` and the deployment benchmark
+(``fedweigh benchmark deployment``); it works from a checkout of the
+repository (the app folder, ``deploy/``'s scripts). Every Flower component runs as its own
 process, exactly as on separate machines: a SuperLink (with TLS and SuperNode
 authentication), SuperNodes that each hold one partition (their Runtime API,
 between a SuperNode and its ClientApps, on TLS too), and an operator host
