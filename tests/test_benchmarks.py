@@ -117,3 +117,25 @@ def test_the_node_query_line_is_parsed():
     engine = "INFO :  [fedweigh] learned the partition of 10000 nodes from the simulation engine in 0.03s"
     assert parse_node_query(engine) == (10000, 0.03)
     assert parse_node_query("INFO :  [fedweigh] round 1/2") is None
+
+
+def test_allocator_benchmark_trains_the_setting_and_renders_its_cases():
+    from fedweigh.benchmarks.allocator import CASES, train_passes
+
+    measured = train_passes(rounds=1, repeats=2, keep=True)
+    assert len(measured["train_seconds"]) == 2 and all(s > 0 for s in measured["train_seconds"])
+    assert len(measured["minor_faults"]) == 2 and all(f >= 0 for f in measured["minor_faults"])
+    cases = [
+        {
+            "process": p,
+            "keep_freed_memory": k,
+            "train_seconds": [1.0, 2.0],
+            "median_train_seconds": 1.5,
+            "vs_plain_default": 1.0,
+            "median_minor_faults": 1234.0,
+        }
+        for p, k in CASES
+    ]
+    table = render_table("allocator", {"setting": "s", "rounds": 2, "repeats": 2, "cases": cases})
+    assert "| ray | kept (fedweigh) | 1.00 / 2.00 | 1.50 | 1.00x | 1,234 |" in table
+    assert table.count("\n| plain |") == 2

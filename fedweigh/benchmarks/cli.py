@@ -1,7 +1,7 @@
 """``fedweigh benchmark <name|all> [--quick] [--output FILE]``: run benchmarks, write JSON and a table.
 
-Benchmarks: ``overhead``, ``methods``, ``scale``, ``deployment``, ``aggregation``, ``ufl-cost``,
-``feddle-cost``, ``fine-tuning`` (see
+Benchmarks: ``overhead``, ``allocator``, ``methods``, ``scale``, ``deployment``, ``aggregation``,
+``ufl-cost``, ``feddle-cost``, ``fine-tuning`` (see
 :mod:`fedweigh.benchmarks`). Each writes ``benchmarks/results/<name>.json``
 (or ``--output``) and a markdown table beside it (``.md``), and prints the
 table. ``--quick`` runs a smaller version of each (fewer rounds, fewer
@@ -19,7 +19,17 @@ from typing import Any
 
 __all__ = ["BENCHMARKS", "add_benchmark_parser", "run_benchmark", "run_command", "render_table"]
 
-BENCHMARKS = ("overhead", "methods", "scale", "deployment", "aggregation", "ufl-cost", "feddle-cost", "fine-tuning")
+BENCHMARKS = (
+    "overhead",
+    "allocator",
+    "methods",
+    "scale",
+    "deployment",
+    "aggregation",
+    "ufl-cost",
+    "feddle-cost",
+    "fine-tuning",
+)
 DEFAULT_PORT = 39201
 RESULTS_DIR = Path("benchmarks") / "results"
 
@@ -246,6 +256,23 @@ def render_table(name: str, report: dict[str, Any]) -> str:
         )
     if name == "feddle-cost":
         return _feddle_tables(report)
+    if name == "allocator":
+        rows = [
+            [
+                r["process"],
+                "kept (fedweigh)" if r["keep_freed_memory"] else "glibc default",
+                " / ".join(f"{s:.2f}" for s in r["train_seconds"]),
+                f"{r['median_train_seconds']:.2f}",
+                f"{r['vs_plain_default']:.2f}x",
+                f"{r['median_minor_faults']:,.0f}",
+            ]
+            for r in report["cases"]
+        ]
+        header = ["process", "freed memory", "train s per pass", "median s", "vs plain, default", "page faults a pass"]
+        return (
+            f"{report['setting']}, {report['rounds']} rounds of sampled clients a pass, {report['repeats']} passes, "
+            "1 thread; each case a fresh process\n\n" + markdown_table(header, rows)
+        )
     if name == "fine-tuning":
         rows = [
             [
@@ -348,6 +375,12 @@ def _overhead(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
     return {"settings": results, "peer": peer}
 
 
+def _allocator(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+    from fedweigh.benchmarks.allocator import allocator_cost
+
+    return allocator_cost(rounds=3 if quick else 20, repeats=1 if quick else 3)
+
+
 def _methods(quick: bool, sim: Any, strategies: list[str] | None) -> dict[str, Any]:
     from fedweigh.benchmarks.common import digits_small, fedoui_cifar10
     from fedweigh.benchmarks.methods import method_overhead
@@ -395,6 +428,7 @@ def _finetuning(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
 
 _RUNNERS: dict[str, Callable[[bool, Any, list[str] | None], dict[str, Any]]] = {
     "overhead": _overhead,
+    "allocator": _allocator,
     "methods": _methods,
     "scale": _scale,
     "deployment": _deployment,
