@@ -21,22 +21,19 @@ import ctypes.util
 import functools
 import os
 
-# mallopt parameter numbers, from glibc's <malloc.h>
-M_TRIM_THRESHOLD = -1
-M_MMAP_THRESHOLD = -3
-
-# Blocks below this come from the heap, not from their own mapping (glibc's
-# own ceiling for its adaptive threshold on 64-bit systems).
-MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
-# Free memory at the top of the heap up to this stays with the process.
-TRIM_THRESHOLD_BYTES = 256 * 1024 * 1024
-
-USER_ENV = {M_TRIM_THRESHOLD: "MALLOC_TRIM_THRESHOLD_", M_MMAP_THRESHOLD: "MALLOC_MMAP_THRESHOLD_"}
+# (mallopt parameter number from glibc's <malloc.h>, glibc's own environment variable for it, the value set)
+THRESHOLDS = (
+    # Blocks below this come from the heap, not from their own mapping (glibc's own ceiling for its adaptive
+    # threshold on 64-bit systems).
+    (-3, "MALLOC_MMAP_THRESHOLD_", 32 * 2**20),
+    # Free memory at the top of the heap up to this stays with the process.
+    (-1, "MALLOC_TRIM_THRESHOLD_", 256 * 2**20),
+)
 
 
 @functools.lru_cache(maxsize=1)
 def keep_freed_memory() -> dict[str, int]:
-    """Set glibc's trim and mmap thresholds once per process; returns what was set (name -> bytes)."""
+    """Set glibc's mmap and trim thresholds once per process; returns what was set (variable name -> bytes)."""
     libc_name = ctypes.util.find_library("c")
     if libc_name is None:
         return {}
@@ -46,10 +43,8 @@ def keep_freed_memory() -> dict[str, int]:
         return {}
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    applied: dict[str, int] = {}
-    for param, value in ((M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES), (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)):
-        if USER_ENV[param] in os.environ:
-            continue
-        if mallopt(param, value) == 1:
-            applied[USER_ENV[param]] = value
-    return applied
+    return {
+        name: value
+        for param, name, value in THRESHOLDS
+        if name not in os.environ and mallopt(param, value) == 1  # a value the user set is kept
+    }

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
 
 import pytest
 
-from fedweigh.allocator import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES, USER_ENV
+from fedweigh.allocator import THRESHOLDS
 
 pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc only"
@@ -39,15 +40,17 @@ def test_freed_memory_stays_with_the_process_only_when_kept():
     default, kept = probe("default"), probe("keep")
     assert default["kept_bytes"] < 2**20  # glibc's default: an 8 MiB block is its own mapping, given back
     assert kept["kept_bytes"] >= 7 * 2**20  # kept: the block came from the heap and stays for reuse
-    assert kept["applied"] == {
-        USER_ENV[-3]: MMAP_THRESHOLD_BYTES,
-        USER_ENV[-1]: TRIM_THRESHOLD_BYTES,
-    }
+    assert (
+        kept["applied"]
+        == {
+            "MALLOC_MMAP_THRESHOLD_": 32 * 2**20,
+            "MALLOC_TRIM_THRESHOLD_": 256 * 2**20,
+        }
+        == {name: value for _, name, value in THRESHOLDS}
+    )
 
 
 def test_a_users_own_malloc_settings_win():
-    import os
-
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
     result = probe("keep", env)
     assert "MALLOC_MMAP_THRESHOLD_" not in result["applied"]

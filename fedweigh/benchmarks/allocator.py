@@ -31,8 +31,8 @@ def train_passes(rounds: int, repeats: int, keep: bool) -> dict[str, Any]:
     import torch
 
     from fedweigh.allocator import keep_freed_memory
+    from fedweigh.benchmarks.bare import train_client
     from fedweigh.benchmarks.common import APP_DIR, fedoui_cifar10
-    from fedweigh.client.training import train_locally
     from fedweigh.client_app import client_seed
     from fedweigh.components import batch_transform, data_spec, new_model, resolve_device
     from fedweigh.data.federated import load_partition
@@ -65,10 +65,9 @@ def train_passes(rounds: int, repeats: int, keep: bool) -> dict[str, Any]:
         total = 0.0
         for server_round, partition, data in plan:
             model.load_state_dict(initial)
-            seed = client_seed(settings.seed, server_round, partition)
-            torch.manual_seed(seed)
             recipe = TrainRecipe.from_config({**strategy.recipe, **strategy.round_values(server_round)})
-            total += train_locally(model, data, recipe, transform, device, torch.Generator().manual_seed(seed)).seconds
+            seed = client_seed(settings.seed, server_round, partition)
+            total += train_client(model, data, recipe, transform, device, seed).seconds
         seconds.append(round(total, 3))
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     return {"train_seconds": seconds, "minor_faults": faults, "thresholds_set": applied}

@@ -20,7 +20,17 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["bare_federated_run"]
+__all__ = ["bare_federated_run", "train_client"]
+
+
+def train_client(model: Any, data: Any, recipe: Any, transform: Any, device: Any, seed: int) -> Any:
+    """One client's local training as the ClientApp seeds it: torch's global seed and the batch order's generator."""
+    import torch
+
+    from fedweigh.client.training import train_locally
+
+    torch.manual_seed(seed)
+    return train_locally(model, data, recipe, transform, device, torch.Generator().manual_seed(seed))
 
 
 def bare_federated_run(run_config: Mapping[str, Any], num_partitions: int) -> dict[str, Any]:
@@ -37,7 +47,7 @@ def bare_federated_run(run_config: Mapping[str, Any], num_partitions: int) -> di
     import numpy as np
     import torch
 
-    from fedweigh.client.training import evaluate, train_locally
+    from fedweigh.client.training import evaluate
     from fedweigh.client_app import client_seed
     from fedweigh.components import batch_transform, configure_torch, data_spec, new_model, resolve_device
     from fedweigh.data.federated import load_partition, load_test_split
@@ -78,10 +88,9 @@ def bare_federated_run(run_config: Mapping[str, Any], num_partitions: int) -> di
             data = load_partition(spec, partition)
             data_seconds += time.perf_counter() - t_data
             client_model.load_state_dict(global_state)
-            seed = client_seed(settings.seed, server_round, partition)
-            torch.manual_seed(seed)
-            generator = torch.Generator().manual_seed(seed)
-            stats = train_locally(client_model, data, recipe, transform, device, generator, None)
+            stats = train_client(
+                client_model, data, recipe, transform, device, client_seed(settings.seed, server_round, partition)
+            )
             train_seconds += stats.seconds
             models.append({k: v.detach().cpu().numpy().copy() for k, v in client_model.state_dict().items()})
             counts.append(stats.num_examples)
