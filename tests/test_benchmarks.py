@@ -139,3 +139,55 @@ def test_allocator_benchmark_trains_the_setting_and_renders_its_cases():
     table = render_table("allocator", {"setting": "s", "rounds": 2, "repeats": 2, "cases": cases})
     assert "| ray | kept (fedweigh) | 1.00 / 2.00 | 1.50 | 1.00x | 1,234 |" in table
     assert table.count("\n| plain |") == 2
+
+
+def test_gpu_benchmark_refuses_a_machine_without_a_gpu_before_running_anything(monkeypatch):
+    from fedweigh.benchmarks.common import BenchmarkError
+    from fedweigh.benchmarks.gpu import gpu_overhead
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(BenchmarkError, match="needs a CUDA GPU.*benchmark overhead"):
+        gpu_overhead(sim=None, quick=True)
+
+
+def test_gpu_cases_are_the_cpu_settings_with_a_gpu_share_and_render_with_it():
+    from fedweigh.benchmarks.common import fedoui_cifar10, resnet18_cifar10
+    from fedweigh.benchmarks.gpu import SHARED_GPU, gpu_cases
+
+    cases = gpu_cases(quick=False)
+    assert [(s.name, share) for s, share in cases] == [
+        ("fedoui-cifar10", 1.0),
+        ("fedoui-cifar10-polling", 1.0),
+        ("resnet18-cifar10", 1.0),
+        ("resnet18-cifar10", SHARED_GPU),
+    ]
+    assert cases[0][0] == fedoui_cifar10(60) and cases[2][0] == resnet18_cifar10(20)
+    assert cases[1][0].run_config == {**fedoui_cifar10(60).run_config, "event-driven-simulation": False}
+    row = {
+        "setting": "resnet18-cifar10",
+        "gpus_per_client": 0.2,
+        "rounds": 20,
+        "bare_seconds": 24.1,
+        "simulation_seconds": 68.4,
+        "ratio": 2.83,
+        "round_ratio": 2.92,
+        "per_round_overhead_seconds": 0.931,
+        "fixed_overhead_seconds": 11.9,
+        "rounds_to_target": None,
+        "same_accuracies": False,
+    }
+    case = {"model": "vit-b16", "fine_tuning": "lora", "trainable_parameters": 302602, "message_bytes": 2**20}
+    case |= {"fewer_bytes_than_full": 284.0, "step_seconds_mean": 0.0747, "step_seconds_std": 0.0043}
+    case |= {"peak_rss_mb": 9000.0, "peak_gpu_mb": 3011.0}
+    report = {"settings": [row], "fine_tuning": {"device": "cuda", "batch_size": 32, "cases": [case]}}
+    table = render_table("gpu-overhead", report)
+    assert "| resnet18-cifar10 | 0.2 | 20 | 24.1 | 68.4 | 2.83x | 2.92x | 0.931 | 11.9 | never | NO |" in table
+    assert "GPU step s (batch 32)" in table and "| 0.0747 ± 0.0043 | 3011 |" in table
+
+
+def test_fine_tuning_step_is_measured_on_the_device_asked_for():
+    from fedweigh.benchmarks.finetuning import measure
+
+    case = measure("resnet18-imagenet", "head", steps=1, batch_size=2, device="cpu")
+    assert case["device"] == "cpu" and case["peak_gpu_mb"] is None and case["steps_timed"] == 1
+    assert case["trainable_parameters"] == 512 * 10 + 10 and case["step_seconds_mean"] > 0

@@ -601,3 +601,14 @@ def test_adam_with_its_settings_is_torch_adam():
         train_locally(
             tiny_model(), data, TrainRecipe(optimizer="lion"), transform, torch.device("cpu"), torch.Generator()
         )
+
+
+def test_an_empty_partition_is_refused_with_what_to_change():
+    """No examples: a clear refusal (the ClientApp's reply is an error, excluded), not a division by zero."""
+    empty = ImageTensors(torch.zeros((0, 1, 2, 2), dtype=torch.uint8), torch.zeros(0, dtype=torch.long))
+    model = tiny_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    transform = BatchTransform(TINY_INFO, augment=False)
+    with pytest.raises(ValueError, match="no training examples.*dirichlet-alpha"):
+        train_locally(model, empty, TrainRecipe(), transform, torch.device("cpu"), torch.Generator())
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

@@ -1,7 +1,8 @@
 """``fedweigh benchmark <name|all> [--quick] [--output FILE]``: run benchmarks, write JSON and a table.
 
-Benchmarks: ``overhead``, ``allocator``, ``methods``, ``scale``, ``deployment``, ``aggregation``,
-``ufl-cost``, ``feddle-cost``, ``fine-tuning`` (see
+Benchmarks: ``overhead``, ``gpu-overhead`` (needs a CUDA GPU; ``all`` runs it
+only where one is visible), ``allocator``, ``methods``, ``scale``,
+``deployment``, ``aggregation``, ``ufl-cost``, ``feddle-cost``, ``fine-tuning`` (see
 :mod:`fedweigh.benchmarks`). Each writes ``benchmarks/results/<name>.json``
 (or ``--output``) and a markdown table beside it (``.md``), and prints the
 table. ``--quick`` runs a smaller version of each (fewer rounds, fewer
@@ -21,6 +22,7 @@ __all__ = ["BENCHMARKS", "add_benchmark_parser", "run_benchmark", "run_command",
 
 BENCHMARKS = (
     "overhead",
+    "gpu-overhead",
     "allocator",
     "methods",
     "scale",
@@ -70,39 +72,49 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+def _overhead_table(settings: list[dict[str, Any]], gpu: bool) -> str:
+    from fedweigh.benchmarks.common import markdown_table
+
+    rows = [
+        [
+            r["setting"],
+            *([_fmt(r["gpus_per_client"], 1)] if gpu else []),
+            r["rounds"],
+            _fmt(r["bare_seconds"], 1),
+            _fmt(r["simulation_seconds"], 1),
+            f"{r['ratio']:.2f}x",
+            _fmt(r["round_ratio"]) + "x" if r["round_ratio"] else "–",
+            _fmt(r["per_round_overhead_seconds"], 3 if gpu else 2),
+            _fmt(r["fixed_overhead_seconds"], 1),
+            _fmt(r["rounds_to_target"], 0) if r["rounds_to_target"] is not None else "never",
+            "yes" if r["same_accuracies"] else "NO",
+        ]
+        for r in settings
+    ]
+    header = [
+        "setting",
+        *(["GPU per client"] if gpu else []),
+        "rounds",
+        "bare loop s",
+        "simulation s",
+        "ratio",
+        "round ratio",
+        "extra s/round",
+        "extra fixed s",
+        "rounds for ≤1.3x",
+        "same accuracies",
+    ]
+    return markdown_table(header, rows)
+
+
 def render_table(name: str, report: dict[str, Any]) -> str:
     """The markdown table of one benchmark's report."""
     from fedweigh.benchmarks.common import markdown_table
 
-    if name == "overhead":
-        rows = [
-            [
-                r["setting"],
-                r["rounds"],
-                _fmt(r["bare_seconds"], 1),
-                _fmt(r["simulation_seconds"], 1),
-                f"{r['ratio']:.2f}x",
-                _fmt(r["round_ratio"]) + "x" if r["round_ratio"] else "–",
-                _fmt(r["per_round_overhead_seconds"]),
-                _fmt(r["fixed_overhead_seconds"], 1),
-                _fmt(r["rounds_to_target"], 0) if r["rounds_to_target"] is not None else "never",
-                "yes" if r["same_accuracies"] else "NO",
-            ]
-            for r in report["settings"]
-        ]
-        header = [
-            "setting",
-            "rounds",
-            "bare loop s",
-            "simulation s",
-            "ratio",
-            "round ratio",
-            "extra s/round",
-            "extra fixed s",
-            "rounds for ≤1.3x",
-            "same accuracies",
-        ]
-        table = markdown_table(header, rows)
+    if name in ("overhead", "gpu-overhead"):
+        table = _overhead_table(report["settings"], gpu=name == "gpu-overhead")
+        if fine_tuning := report.get("fine_tuning"):
+            table += "\n\nThe pretrained models' client step on the GPU:\n\n" + render_table("fine-tuning", fine_tuning)
         if peer := report.get("peer"):
             table += "\n\nfedweigh's FedAvg against vanilla Flower (FedAvg, a plain ClientApp), the same work:\n\n"
             table += markdown_table(
@@ -274,6 +286,8 @@ def render_table(name: str, report: dict[str, Any]) -> str:
             "1 thread; each case a fresh process\n\n" + markdown_table(header, rows)
         )
     if name == "fine-tuning":
+        on_gpu = report.get("device", "cpu") == "cuda"
+        digits = 4 if on_gpu else 2
         rows = [
             [
                 r["model"],
@@ -281,8 +295,8 @@ def render_table(name: str, report: dict[str, Any]) -> str:
                 f"{r['trainable_parameters']:,}",
                 f"{r['message_bytes'] / 2**20:.2f}",
                 f"{r['fewer_bytes_than_full']:.0f}x",
-                f"{r['step_seconds_mean']:.2f} ± {r['step_seconds_std']:.2f}",
-                _fmt(r["peak_rss_mb"], 0),
+                f"{r['step_seconds_mean']:.{digits}f} ± {r['step_seconds_std']:.{digits}f}",
+                _fmt(r["peak_gpu_mb"] if on_gpu else r["peak_rss_mb"], 0),
             ]
             for r in report["cases"]
         ]
@@ -292,8 +306,10 @@ def render_table(name: str, report: dict[str, Any]) -> str:
             "trainable parameters",
             "MB per client message",
             "fewer bytes than full",
-            f"CPU step s (batch {report['batch_size']}, 1 thread)",
-            "peak memory MB",
+            f"GPU step s (batch {report['batch_size']})"
+            if on_gpu
+            else f"CPU step s (batch {report['batch_size']}, 1 thread)",
+            "peak GPU memory MB" if on_gpu else "peak memory MB",
         ]
         return markdown_table(header, rows)
     raise ValueError(f"unknown benchmark {name!r}")
@@ -346,7 +362,7 @@ def _feddle_tables(report: dict[str, Any]) -> str:
 
 def _overhead(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
     from fedweigh.benchmarks.common import Setting, fednolowe_mnist, fedoui_cifar10
-    from fedweigh.benchmarks.overhead import TARGET_RATIO, federation_overhead, vanilla_peer
+    from fedweigh.benchmarks.overhead import federation_overhead, vanilla_peer
 
     settings = [fedoui_cifar10(3)] if quick else [fedoui_cifar10(10), fedoui_cifar10(60), fednolowe_mnist(5)]
     # Before and after the event-driven hand-off (strategies/wakeup.py): the CIFAR-10 settings again with
@@ -356,23 +372,15 @@ def _overhead(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
         for s in settings
         if s.name.startswith("fedoui")
     ]
-    results = []
-    for setting in settings:
-        result = federation_overhead(setting, sim, repeats=1 if quick else 2)
-        sim_rounds, bare_rounds = result["round_seconds_simulation"], result["round_seconds_bare"]
-        fixed = (result["simulation_seconds"] - sum(sim_rounds)) - (result["bare_seconds"] - sum(bare_rounds))
-        result["fixed_overhead_seconds"] = round(fixed, 2)
-        # Rounds after which (fixed + T * sim_round) / (bare_fixed + T * bare_round) <= target.
-        bare_fixed = result["bare_seconds"] - sum(bare_rounds)
-        sim_round = sum(sim_rounds[1:]) / max(len(sim_rounds) - 1, 1)
-        bare_round = sum(bare_rounds[1:]) / max(len(bare_rounds) - 1, 1)
-        sim_fixed = result["simulation_seconds"] - sum(sim_rounds)
-        margin = TARGET_RATIO * bare_round - sim_round
-        needed = (sim_fixed - TARGET_RATIO * bare_fixed) / margin if margin > 0 else None
-        result["rounds_to_target"] = max(0.0, needed) if needed is not None else None
-        results.append(result)
+    results = [federation_overhead(setting, sim, repeats=1 if quick else 2) for setting in settings]
     peer = vanilla_peer(sim, rounds=5 if quick else 30, repeats=1 if quick else 2)
     return {"settings": results, "peer": peer}
+
+
+def _gpu_overhead(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+    from fedweigh.benchmarks.gpu import gpu_overhead
+
+    return gpu_overhead(sim, quick)
 
 
 def _allocator(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
@@ -428,6 +436,7 @@ def _finetuning(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
 
 _RUNNERS: dict[str, Callable[[bool, Any, list[str] | None], dict[str, Any]]] = {
     "overhead": _overhead,
+    "gpu-overhead": _gpu_overhead,
     "allocator": _allocator,
     "methods": _methods,
     "scale": _scale,
@@ -437,7 +446,7 @@ _RUNNERS: dict[str, Callable[[bool, Any, list[str] | None], dict[str, Any]]] = {
     "feddle-cost": _feddle_cost,
     "fine-tuning": _finetuning,
 }
-_NEEDS_SIMULATION = {"overhead", "methods", "scale", "deployment", "feddle-cost"}
+_NEEDS_SIMULATION = {"overhead", "gpu-overhead", "methods", "scale", "deployment", "feddle-cost"}
 
 
 def _ray_description(sim: Any) -> str:
@@ -471,7 +480,11 @@ def run_command(args: argparse.Namespace) -> int:
     from fedweigh.launch.runconfig import SimulationError
     from fedweigh.launch.simulation import LocalSimulation
 
-    names = list(BENCHMARKS) if args.name == "all" else [args.name]
+    names = [args.name]
+    if args.name == "all":
+        import torch
+
+        names = [name for name in BENCHMARKS if name != "gpu-overhead" or torch.cuda.is_available()]
     if args.output is not None and len(names) > 1:
         print("fedweigh: --output names one file; run one benchmark at a time with it", file=sys.stderr)
         return 2

@@ -5,6 +5,8 @@ Settings (run-config overrides of the app's defaults):
 * :func:`fedoui_cifar10`: the FedOUI paper's CIFAR-10 setting (fedoui-cnn,
   3,000 / 1,000 train / test images, 20 clients, 5 per round, Dirichlet 0.1,
   batch 32, SGD lr 0.01 momentum 0.9, one local epoch);
+* :func:`resnet18_cifar10`: the same with the CIFAR ResNet-18 (the GPU
+  benchmark's heavier model);
 * :func:`fednolowe_mnist`: the FedNolowe paper's MNIST setting (LeNet-5,
   50 clients, 10 % per round, Dirichlet 0.1, two local epochs, batch 32,
   SGD lr 0.01 momentum 0.9 weight decay 1e-3);
@@ -43,6 +45,7 @@ __all__ = [
     "machine_description",
     "markdown_table",
     "parse_node_query",
+    "resnet18_cifar10",
     "run_timed",
     "tree_memory_bytes",
 ]
@@ -103,6 +106,12 @@ def fedoui_cifar10(rounds: int = 5) -> Setting:
         },
         num_supernodes=20,
     )
+
+
+def resnet18_cifar10(rounds: int = 5) -> Setting:
+    """:func:`fedoui_cifar10` with the CIFAR ResNet-18 (11.2 M parameters, 45 MB a message): where messages weigh."""
+    base = fedoui_cifar10(rounds)
+    return Setting("resnet18-cifar10", {**base.run_config, "model": "resnet18"}, base.num_supernodes)
 
 
 def fednolowe_mnist(rounds: int = 5) -> Setting:
@@ -397,6 +406,7 @@ def run_timed(
     cpus_per_client: int = 1,
     on_line: Callable[[str], None] | None = None,
     show_progress: bool = True,
+    gpus_per_client: float = 0.0,
 ) -> TimedRun:
     """Submit a run on ``sim`` (a started LocalSimulation), timing its milestones from the log.
 
@@ -432,7 +442,12 @@ def run_timed(
     if progress is not None:
         progress.start_run(run)
     outcome = sim.run(
-        dict(run_config), num_supernodes=num_supernodes, cpus_per_client=cpus_per_client, echo=False, on_line=watch
+        dict(run_config),
+        num_supernodes=num_supernodes,
+        cpus_per_client=cpus_per_client,
+        gpus_per_client=gpus_per_client,
+        echo=False,
+        on_line=watch,
     )
     if progress is not None:
         progress.finish_run(outcome.ok)
@@ -449,6 +464,7 @@ def machine_description() -> dict[str, Any]:
     import torch
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpus": os.cpu_count(),
@@ -457,6 +473,7 @@ def machine_description() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "gpu": gpu,
     }
 
 

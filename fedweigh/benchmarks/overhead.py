@@ -40,7 +40,7 @@ import numpy as np
 
 from fedweigh.benchmarks.common import APP_DIR, CpuSampler, Setting, run_timed, simulation_roots
 
-__all__ = ["TARGET_RATIO", "federation_overhead", "run_bare", "vanilla_peer", "warm_data_cache"]
+__all__ = ["TARGET_RATIO", "federation_overhead", "rounds_to_target", "run_bare", "vanilla_peer", "warm_data_cache"]
 
 TARGET_RATIO = 1.3
 
@@ -85,19 +85,49 @@ def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def federation_overhead(setting: Setting, sim: Any, output_dir: Path | None = None, repeats: int = 1) -> dict[str, Any]:
+def rounds_to_target(
+    sim_fixed: float, sim_round: float | None, bare_fixed: float, bare_round: float | None, target: float = TARGET_RATIO
+) -> float | None:
+    """Rounds T after which (sim_fixed + T sim_round) / (bare_fixed + T bare_round) <= ``target``; None: never.
+
+    >>> rounds_to_target(10.0, 1.0, 2.0, 1.0, target=1.5)  # 10 + T <= 1.5 (2 + T)  <=>  T >= 14
+    14.0
+    >>> rounds_to_target(1.0, 1.0, 2.0, 1.0) is None, rounds_to_target(1.0, 2.0, 2.0, 1.0)
+    (False, None)
+    """
+    if not sim_round or not bare_round:
+        return None
+    margin = target * bare_round - sim_round
+    if margin <= 0:
+        return None
+    return max(0.0, (sim_fixed - target * bare_fixed) / margin)
+
+
+def federation_overhead(
+    setting: Setting,
+    sim: Any,
+    output_dir: Path | None = None,
+    repeats: int = 1,
+    gpus_per_client: float = 0.0,
+    cpus_per_client: int | None = None,
+) -> dict[str, Any]:
     """Time ``setting`` as a simulation on ``sim`` and as a bare loop; compare.
 
     With ``repeats`` > 1 each side runs that many times in the order
     bare, simulation, simulation, bare, ... (so a machine getting busier or
     quieter affects both alike) and each side's fastest run is compared.
+    ``cpus_per_client`` (default: all CPUs, hence one ClientApp actor) and
+    ``gpus_per_client`` are the simulation's client resources: with a GPU
+    share below 1 and CPUs to spare, Ray runs that many actors at once.
 
     Returns
     -------
     dict
         ``ratio`` (simulation wall / bare-loop wall, both from process start),
-        ``round_ratio`` (mean round time, rounds 2..T), the phases of each
-        side, the CPU seconds of each, and ``same_accuracies``.
+        ``round_ratio`` (mean round time, rounds 2..T), the extra fixed
+        seconds and the rounds after which the ratio falls to
+        :data:`TARGET_RATIO`, the phases of each side, the CPU seconds of
+        each, and ``same_accuracies``.
     """
     from fedweigh.launch.runconfig import load_app_config
 
@@ -106,12 +136,15 @@ def federation_overhead(setting: Setting, sim: Any, output_dir: Path | None = No
     warm_data_cache(full, setting.num_supernodes)
     bares: list[dict[str, Any]] = []
     sims: list[tuple[Any, dict[str, float]]] = []
+    cpus = cpus_per_client or os.cpu_count() or 1
 
     def simulate(index: int) -> None:
         with tempfile.TemporaryDirectory(dir=output_dir) as scratch:
             run_config = {**setting.run_config, "output-dir": scratch, "run-name": f"overhead-{setting.name}-{index}"}
             with CpuSampler(simulation_roots(sim)) as cpu:
-                timed = run_timed(sim, run_config, setting.num_supernodes, cpus_per_client=os.cpu_count() or 1)
+                timed = run_timed(
+                    sim, run_config, setting.num_supernodes, cpus_per_client=cpus, gpus_per_client=gpus_per_client
+                )
         if not timed.ok:
             raise RuntimeError(f"the simulation of {setting.name} ended {timed.status}")
         sims.append((timed, cpu.by_name()))
@@ -132,10 +165,14 @@ def federation_overhead(setting: Setting, sim: Any, output_dir: Path | None = No
     bare_train = [r["train_seconds"] for r in bare["rounds"]]
     later_sim, later_bare = _mean(sim_rounds[1:]), _mean(bare_rounds[1:])
     phases = timed.phases()
+    sim_fixed = timed.wall_seconds - sum(sim_rounds)
+    bare_fixed = bare["process_seconds"] - sum(bare_rounds)
     return {
         "setting": setting.name,
         "run_config": setting.run_config,
         "num_supernodes": setting.num_supernodes,
+        "cpus_per_client": cpus,
+        "gpus_per_client": gpus_per_client,
         "rounds": len(sim_rounds),
         "simulation_seconds": round(timed.wall_seconds, 2),
         "bare_seconds": round(bare["process_seconds"], 2),
@@ -145,6 +182,8 @@ def federation_overhead(setting: Setting, sim: Any, output_dir: Path | None = No
         "round_seconds_bare": [round(s, 3) for s in bare_rounds],
         "round_ratio": round(later_sim / later_bare, 3) if later_sim and later_bare else None,
         "per_round_overhead_seconds": round(later_sim - later_bare, 3) if later_sim and later_bare else None,
+        "fixed_overhead_seconds": round(sim_fixed - bare_fixed, 2),
+        "rounds_to_target": rounds_to_target(sim_fixed, later_sim, bare_fixed, later_bare),
         "train_seconds_per_round_simulation": [round(s, 3) for s in sim_train],
         "train_seconds_per_round_bare": [round(s, 3) for s in bare_train],
         "simulation_phases": phases,

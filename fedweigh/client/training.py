@@ -158,6 +158,12 @@ def train_locally(
     shape no longer match are ignored. The returned stats carry this call's
     final state when ``recipe.persist_optimizer_state`` is set.
     """
+    if len(data) == 0:
+        raise ValueError(
+            "this client's partition holds no training examples, so it has nothing to train on (its reply is "
+            "excluded from the round); a partitioner that leaves clients empty, e.g. Dirichlet with a small "
+            "dirichlet-alpha over few images or class-sorted data, needs more images per client or fewer clients"
+        )
     started = time.perf_counter()
     model.to(device)
     train_mode(model)  # frozen BatchNorm layers (a frozen pretrained body) stay in eval mode
