@@ -22,8 +22,9 @@ Every row of metrics.jsonl also goes to the run's trackers as it is written
 A run started with ``resume-from=<run folder>`` continues in that folder from
 its checkpoint; because client sampling and client seeds depend only on (seed,
 round, partition), it ends exactly where the uninterrupted run would have.
-The checkpoint is replaced atomically (:meth:`Checkpoint.save`), so a server
-killed at any moment leaves a whole one, and read with ``weights_only=True``
+The checkpoint is replaced atomically (:meth:`Checkpoint.save`), in the
+background while the next round runs (:class:`CheckpointWriter`), so a server
+killed at any moment leaves a whole one (the last round's or the one before), and read with ``weights_only=True``
 (:meth:`Checkpoint.load`), so a file that is not one is refused with a
 message, never unpickled. What it cannot hold is state kept on the clients:
 ``persist-optimizer-state`` keeps each client's optimizer in its node's
@@ -34,6 +35,8 @@ uninterrupted one does.
 
 from __future__ import annotations
 
+import copy
+import io
 import json
 import logging
 import math
@@ -43,6 +46,7 @@ import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -86,8 +90,9 @@ by the run config and seed (on CPU)."""
 
 CHECKPOINT_FORMAT = "fedweigh-checkpoint"
 """The ``format`` entry of every checkpoint this app writes: a file without it is not one of ours."""
-CHECKPOINT_VERSION = 1
-"""The layout version this code writes and the newest it reads (0: the unmarked files of earlier versions)."""
+CHECKPOINT_VERSION = 2
+"""The layout version this code writes and the newest it reads (0: the unmarked files of earlier versions;
+2: the global model's arrays stored as tensors, which ``torch.save`` writes about 15x faster than numpy arrays)."""
 _CHECKPOINT_KEYS = {"round", "arrays", "strategy_state"}
 _ACCEPTED = (
     f"accepted: the folder of an earlier run of this app, with the {CHECKPOINT_FILE} it wrote "
@@ -126,6 +131,18 @@ def _safe_globals() -> list[Any]:
     return [_reconstruct, scalar, np.ndarray, np.dtype, *{type(np.dtype(kind)) for kind in _SAFE_NUMPY_TYPES}]
 
 
+def _unchangeable(array: np.ndarray) -> np.ndarray:
+    """``array`` itself when read-only, else a copy."""
+    array = np.asarray(array)
+    return array if not array.flags.writeable else array.copy()
+
+
+def _as_tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor sharing ``array``'s memory (a copy of a read-only one, which torch will not share)."""
+    array = np.asarray(array)
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
 @dataclass
 class Checkpoint:
     """The state a run needs to continue after round ``round``: the global model and the strategy's state.
@@ -133,12 +150,37 @@ class Checkpoint:
     The file is a ``torch.save``'d dict marked ``format`` =
     :data:`CHECKPOINT_FORMAT`, ``version`` = :data:`CHECKPOINT_VERSION`,
     holding tensors, numeric numpy arrays and plain Python values only, so
-    that :meth:`load` can read it with ``weights_only=True``.
+    that :meth:`load` can read it with ``weights_only=True``. The global
+    model's arrays are stored as tensors sharing their memory and read back
+    as numpy arrays (files of versions 0 and 1 hold numpy arrays).
     """
 
     round: int
     arrays: dict[str, np.ndarray]
     strategy_state: dict[str, Any]
+
+    def snapshot(self) -> Checkpoint:
+        """A copy that later changes to this one's arrays or state cannot reach.
+
+        Read-only arrays (the decoded global model: views of a message's
+        immutable bytes) are shared; writable ones are copied, and the
+        strategy state is deep-copied.
+        """
+        arrays = {name: _unchangeable(array) for name, array in self.arrays.items()}
+        return Checkpoint(self.round, arrays, copy.deepcopy(self.strategy_state))
+
+    def encode(self) -> bytes:
+        """The file's bytes: ``torch.save`` of the marked payload."""
+        payload = {
+            "format": CHECKPOINT_FORMAT,
+            "version": CHECKPOINT_VERSION,
+            "round": self.round,
+            "arrays": {name: _as_tensor(array) for name, array in self.arrays.items()},
+            "strategy_state": self.strategy_state,
+        }
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        return buffer.getvalue()
 
     def save(self, path: Path) -> None:
         """Write atomically: a crash at any point leaves the previous checkpoint or this one, whole.
@@ -150,29 +192,7 @@ class Checkpoint:
         its temporary file; those of writers that were killed (a crashed
         server) are removed before writing.
         """
-        path = Path(path)
-        for leftover in path.parent.glob(f".{path.name}.*.tmp"):
-            leftover.unlink(missing_ok=True)
-        payload = {
-            "format": CHECKPOINT_FORMAT,
-            "version": CHECKPOINT_VERSION,
-            "round": self.round,
-            "arrays": self.arrays,
-            "strategy_state": self.strategy_state,
-        }
-        partial = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
-        # os.open with 0o666 (umask applied), not mkstemp's 0o600: the checkpoint is as readable as any result file
-        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-        try:
-            with os.fdopen(descriptor, "wb") as handle:
-                torch.save(payload, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(partial, path)
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
-        _fsync_folder(path.parent)
+        write_atomically(Path(path), self.encode())
 
     @classmethod
     def load(cls, path: Path, setting: str = "resume-from") -> Checkpoint:
@@ -210,12 +230,75 @@ class Checkpoint:
         if not isinstance(round_, int) or isinstance(round_, bool) or round_ < 0:
             raise refused(f"is a damaged fedweigh checkpoint: round = {round_!r}")
         if not isinstance(arrays, dict) or not all(
-            isinstance(k, str) and isinstance(v, np.ndarray) for k, v in arrays.items()
+            isinstance(k, str) and isinstance(v, np.ndarray | torch.Tensor) for k, v in arrays.items()
         ):
-            raise refused("is a damaged fedweigh checkpoint: its arrays are not named numpy arrays")
+            raise refused("is a damaged fedweigh checkpoint: its arrays are not named arrays or tensors")
         if not isinstance(state, dict):
             raise refused(f"is a damaged fedweigh checkpoint: its strategy state is a {type(state).__name__}")
+        arrays = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in arrays.items()}
         return cls(round=round_, arrays=arrays, strategy_state=state)
+
+
+class CheckpointWriter:
+    """Each round's checkpoint, written off the round's path.
+
+    :meth:`save` takes a :meth:`~Checkpoint.snapshot` in the caller (the
+    next round's changes to the model or the strategy's state do not reach
+    it) and leaves the encoding, the write, its fsyncs and the rename
+    (:meth:`Checkpoint.save`'s guarantees) to one background thread, so that
+    the next round starts while they run (``fedweigh benchmark checkpoint``:
+    7 ms a round for the FedOUI CNN, 120 ms for ResNet-18 on the project's
+    machine, against under 1 ms for the snapshot). Writes run one at a time, in round
+    order; a save first waits for the previous round's write, so at most one
+    is pending. A server killed while a write runs leaves the previous
+    round's checkpoint, whole: a resume from it repeats that one round (its
+    metrics row is dropped, :meth:`RunRecorder.begin`). A failed write is
+    raised by the next :meth:`save` or by :meth:`close`, which waits for the
+    last write.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedweigh-checkpoint")
+        self._pending: Future[None] | None = None
+
+    def save(self, checkpoint: Checkpoint) -> None:
+        """Snapshot ``checkpoint`` now; write it once the previous write is done, in the background."""
+        snapshot = checkpoint.snapshot()
+        self.flush()
+        self._pending = self._thread.submit(snapshot.save, self.path)
+
+    def flush(self) -> None:
+        """Wait until the last saved checkpoint is on disk (raising its write's error)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        """:meth:`flush`, then end the thread."""
+        try:
+            self.flush()
+        finally:
+            self._thread.shutdown(wait=True)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """:meth:`Checkpoint.save`'s atomic write of ``data`` to ``path``."""
+    for leftover in path.parent.glob(f".{path.name}.*.tmp"):
+        leftover.unlink(missing_ok=True)
+    partial = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
+    # os.open with 0o666 (umask applied), not mkstemp's 0o600: the checkpoint is as readable as any result file
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    _fsync_folder(path.parent)
 
 
 def _fsync_folder(folder: Path) -> None:

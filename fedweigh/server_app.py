@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
@@ -29,11 +28,13 @@ from fedweigh.models import on_device
 from fedweigh.models.finetuning import exchanged_state, frozen_digest, load_exchanged_state
 from fedweigh.preflight import check_run, data_problems
 from fedweigh.results import (
+    CHECKPOINT_FILE,
     FINAL_U_ABOVE_1,
     FINAL_U_P95,
     TOP5_ACCURACY,
     WEIGHTED_F1,
     Checkpoint,
+    CheckpointWriter,
     RunRecorder,
     resolve_run_dir,
     round_train_loss,
@@ -57,7 +58,7 @@ def central_evaluation(
     test: ImageTensors,
     strategy: WeightedFedAvg,
     recorder: RunRecorder,
-    run_dir: Path,
+    checkpoints: CheckpointWriter,
     model: torch.nn.Module,
 ) -> Callable[[int, ArrayRecord], MetricRecord | None]:
     """The ``evaluate_fn`` for ``Strategy.start``: test (every ``evaluate-every`` rounds), record, checkpoint.
@@ -105,7 +106,7 @@ def central_evaluation(
         if record and record.faults:  # fault injection: who was told to commit which fault
             row["faults"] = record.faults
         recorder.record_round(row, settings.num_server_rounds)
-        Checkpoint(current, decode(arrays), strategy.state()).save(run_dir / "checkpoint.pt")
+        checkpoints.save(Checkpoint(current, decode(arrays), strategy.state()))
         return None if result is None else MetricRecord({"accuracy": result.accuracy, "loss": result.loss})
 
     return evaluate_round
@@ -141,7 +142,7 @@ def main(grid: Grid, context: Context) -> None:
 
     model = new_model(settings)  # only its trainable tensors travel; the server keeps the frozen rest
     if settings.resume_from:
-        checkpoint = Checkpoint.load(run_dir / "checkpoint.pt")
+        checkpoint = Checkpoint.load(run_dir / CHECKPOINT_FILE)
         start_round = checkpoint.round
         initial = ArrayRecord({k: torch.from_numpy(v) for k, v in checkpoint.arrays.items()})
         logger.info("[fedweigh] resuming %s after round %d", run_dir, start_round)
@@ -193,20 +194,26 @@ def main(grid: Grid, context: Context) -> None:
     recorder = RunRecorder(run_dir, open_trackers(settings, run_dir))
     recorder.begin(settings.model_dump(by_alias=True), start_round, instruction=strategy.recipe)
     logger.info("[fedweigh] results: %s", run_dir)
+    checkpoints = CheckpointWriter(run_dir / CHECKPOINT_FILE)
     try:
         result = strategy.start(
             grid=grid,
             initial_arrays=initial,
             num_rounds=settings.num_server_rounds - start_round,
             timeout=settings.round_timeout,
-            evaluate_fn=central_evaluation(settings, test, strategy, recorder, run_dir, model),
+            evaluate_fn=central_evaluation(settings, test, strategy, recorder, checkpoints, model),
         )
+        checkpoints.close()  # the last round's checkpoint is on disk before the run reports its end
         final_round = max(result.evaluate_metrics_serverapp, default=None)
         final = dict(result.evaluate_metrics_serverapp[final_round]) if final_round else {}
         final_arrays = result.arrays if result.arrays is not None else initial
         tail = final_u_tail(settings, model, final_arrays, test)
         summary = recorder.finish(final_arrays.to_torch_state_dict(), final, tail)
     except BaseException as err:
+        try:
+            checkpoints.close()  # what was written stays resumable
+        except Exception:  # noqa: BLE001 - the run's own error is the one to raise
+            logger.exception("[fedweigh] the last checkpoint could not be written")
         recorder.fail(err)  # the trackers' runs end FAILED (KILLED when interrupted)
         raise
     logger.info(

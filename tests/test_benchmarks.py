@@ -191,3 +191,13 @@ def test_fine_tuning_step_is_measured_on_the_device_asked_for():
     case = measure("resnet18-imagenet", "head", steps=1, batch_size=2, device="cpu")
     assert case["device"] == "cpu" and case["peak_gpu_mb"] is None and case["steps_timed"] == 1
     assert case["trainable_parameters"] == 512 * 10 + 10 and case["step_seconds_mean"] > 0
+
+
+def test_checkpoint_benchmark_times_every_way_and_renders_them(tmp_path):
+    from fedweigh.benchmarks.checkpoint import MODELS, WAYS, checkpoint_cost
+
+    report = checkpoint_cost(saves=2, gap=0.0, folder=tmp_path)
+    assert [(r["model"], r["way"]) for r in report["cases"]] == [(m, w) for m, _, _ in MODELS for w in WAYS]
+    assert all(r["median_seconds"] > 0 and r["state_mb"] > 1 for r in report["cases"])
+    assert list(tmp_path.iterdir()) == []  # its files are gone
+    assert "| fedoui-cnn | 2.1 | tensors, background |" in render_table("checkpoint", report)

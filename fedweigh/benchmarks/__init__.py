@@ -5,6 +5,8 @@ writes a JSON report and a markdown table (see ``docs/benchmarks.md``):
 
 * ``overhead`` (:mod:`.overhead`): a FedAvg simulation against the same
   training done by a bare PyTorch loop in one process;
+* ``checkpoint`` (:mod:`.checkpoint`): what each round's checkpoint makes
+  the round wait for;
 * ``gpu-overhead`` (:mod:`.gpu`): the same on a CUDA GPU, with fractional
   GPUs per ClientApp actor, and the pretrained models' step there;
 * ``methods`` (:mod:`.methods`): each strategy's round time against FedAvg's;

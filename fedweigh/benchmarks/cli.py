@@ -1,7 +1,7 @@
 """``fedweigh benchmark <name|all> [--quick] [--output FILE]``: run benchmarks, write JSON and a table.
 
 Benchmarks: ``overhead``, ``gpu-overhead`` (needs a CUDA GPU; ``all`` runs it
-only where one is visible), ``allocator``, ``methods``, ``scale``,
+only where one is visible), ``allocator``, ``checkpoint``, ``methods``, ``scale``,
 ``deployment``, ``aggregation``, ``ufl-cost``, ``feddle-cost``, ``fine-tuning`` (see
 :mod:`fedweigh.benchmarks`). Each writes ``benchmarks/results/<name>.json``
 (or ``--output``) and a markdown table beside it (``.md``), and prints the
@@ -24,6 +24,7 @@ BENCHMARKS = (
     "overhead",
     "gpu-overhead",
     "allocator",
+    "checkpoint",
     "methods",
     "scale",
     "deployment",
@@ -285,6 +286,18 @@ def render_table(name: str, report: dict[str, Any]) -> str:
             f"{report['setting']}, {report['rounds']} rounds of sampled clients a pass, {report['repeats']} passes, "
             "1 thread; each case a fresh process\n\n" + markdown_table(header, rows)
         )
+    if name == "checkpoint":
+        rows = [
+            [
+                r["model"],
+                _fmt(r["state_mb"], 1),
+                r["way"],
+                _fmt(1000 * r["median_seconds"], 1),
+                _fmt(1000 * r["p90_seconds"], 1),
+            ]
+            for r in report["cases"]
+        ]
+        return markdown_table(["model", "state MB", "checkpoint", "round waits ms (median)", "p90 ms"], rows)
     if name == "fine-tuning":
         on_gpu = report.get("device", "cpu") == "cuda"
         digits = 4 if on_gpu else 2
@@ -389,6 +402,12 @@ def _allocator(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
     return allocator_cost(rounds=3 if quick else 20, repeats=1 if quick else 3)
 
 
+def _checkpoint(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+    from fedweigh.benchmarks.checkpoint import checkpoint_cost
+
+    return checkpoint_cost(saves=5 if quick else 30)
+
+
 def _methods(quick: bool, sim: Any, strategies: list[str] | None) -> dict[str, Any]:
     from fedweigh.benchmarks.common import digits_small, fedoui_cifar10
     from fedweigh.benchmarks.methods import method_overhead
@@ -438,6 +457,7 @@ _RUNNERS: dict[str, Callable[[bool, Any, list[str] | None], dict[str, Any]]] = {
     "overhead": _overhead,
     "gpu-overhead": _gpu_overhead,
     "allocator": _allocator,
+    "checkpoint": _checkpoint,
     "methods": _methods,
     "scale": _scale,
     "deployment": _deployment,
