@@ -247,10 +247,10 @@ class CheckpointWriter:
     it) and leaves the encoding, the write, its fsyncs and the rename
     (:meth:`Checkpoint.save`'s guarantees) to one background thread, so that
     the next round starts while they run (``fedweigh benchmark checkpoint``:
-    7 ms a round for the FedOUI CNN, 120 ms for ResNet-18 on the project's
-    machine, against under 1 ms for the snapshot). Writes run one at a time, in round
-    order; a save first waits for the previous round's write, so at most one
-    is pending. A server killed while a write runs leaves the previous
+    about 7 ms a round for the FedOUI CNN, 100 ms for ResNet-18 on the
+    project's machine, against under 1 ms for the snapshot). Writes run one
+    at a time, in round order; a save first waits for the previous round's
+    write, so at most one is pending. A server killed while a write runs leaves the previous
     round's checkpoint, whole: a resume from it repeats that one round (its
     metrics row is dropped, :meth:`RunRecorder.begin`). A failed write is
     raised by the next :meth:`save` or by :meth:`close`, which waits for the
