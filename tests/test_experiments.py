@@ -431,6 +431,11 @@ def test_results_csv_and_summary_hold_the_scores_and_the_papers_numbers(tmp_path
     summary = write_report(experiment, runs, tmp_path, plots=False).summary_md.read_text()
     assert "over the file: `fraction-train = 0.3`." in summary
     assert "not necessarily for the values set with `--set`" in summary
+    described, _ = planned(tmp_path, experiment={**experiment_table()["experiment"], "description": "at 50% a round"})
+    assert write_report(described, runs, tmp_path, plots=False).summary_md.read_text().startswith("# demo\n\nat 50%")
+    described.settings["fraction-train"] = 0.3  # the description says otherwise: it is labelled the file's
+    summary = write_report(described, runs, tmp_path, plots=False).summary_md.read_text()
+    assert "The experiment file's description: at 50% a round\n\nSet for every run on the command line" in summary
 
 
 def test_results_csv_and_summary_hold_the_fednolowe_papers_metrics(tmp_path):

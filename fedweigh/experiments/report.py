@@ -333,11 +333,13 @@ def render_summary(
     spec = experiment.spec.experiment
     rounds = sorted({r.run.rounds for r in results})
     lines = [f"# {spec.name}", ""]
-    if spec.description:
-        lines += [spec.description.strip(), ""]
-    if experiment.settings:
+    if experiment.settings:  # the file's description may name what the command line changed
         values = ", ".join(f"`{key} = {value}`" for key, value in experiment.settings.items())
+        if spec.description:
+            lines += [f"The experiment file's description: {spec.description.strip()}", ""]
         lines += [f"Set for every run on the command line (`--set`), over the file: {values}.", ""]
+    elif spec.description:
+        lines += [spec.description.strip(), ""]
     if not sampling.ok:
         lines += [
             "**WARNING: client sampling differs between arms of the same seed; the comparison is not paired.**",
