@@ -12,7 +12,7 @@ from hypothesis.extra import numpy as hnp
 
 from fedweigh.benchmarks.aggregation import run_case
 from fedweigh.benchmarks.bare import bare_federated_run
-from fedweigh.benchmarks.cli import render_table
+from fedweigh.benchmarks.cli import render_table, run_benchmark
 from fedweigh.benchmarks.common import markdown_table, parse_node_query
 from fedweigh.benchmarks.scale import revisit_share
 from fedweigh.launch.runconfig import load_app_config
@@ -201,3 +201,30 @@ def test_checkpoint_benchmark_times_every_way_and_renders_them(tmp_path):
     assert all(r["median_seconds"] > 0 and r["state_mb"] > 1 for r in report["cases"])
     assert list(tmp_path.iterdir()) == []  # its files are gone
     assert "| fedoui-cnn | 2.1 | tensors, background |" in render_table("checkpoint", report)
+
+
+def test_gpu_benchmark_hands_on_each_finished_case_before_the_next(monkeypatch):
+    """A GPU lease can end mid-benchmark: what was measured is passed on after each case."""
+    from fedweigh.benchmarks import gpu
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    ran = []
+
+    def fake_case(setting, sim, gpus_per_client, cpus_per_client):
+        ran.append((setting.name, gpus_per_client))
+        return {"setting": setting.name, "gpus_per_client": gpus_per_client, "cpus_per_client": cpus_per_client}
+
+    monkeypatch.setattr(gpu, "federation_overhead", fake_case)
+    monkeypatch.setattr(gpu, "finetuning_cost", lambda quick, device, batch_size: {"device": device, "cases": []})
+    monkeypatch.setattr("fedweigh.benchmarks.common.machine_description", lambda: {"load_average_1m": 0.0})
+    seen: list[tuple] = []  # what each call held when it was made (the JSON is written at once)
+
+    def progress(partial):
+        seen.append((partial["partial"], partial["benchmark"], [case["setting"] for case in partial["settings"]]))
+
+    report = run_benchmark("gpu-overhead", quick=True, progress=progress)
+    names = [case["setting"] for case in report["settings"]]
+    assert seen == [(True, "gpu-overhead", names[:done]) for done in (1, 2, 3, 4)]
+    assert "partial" not in report
+    assert ran == [(s.name, share) for s, share in gpu.gpu_cases(quick=True)]
+    assert report["fine_tuning"]["device"] == "cuda"

@@ -33,6 +33,8 @@ BENCHMARKS = (
     "feddle-cost",
     "fine-tuning",
 )
+Progress = Callable[[dict[str, Any]], None]
+"""Receives a benchmark's report so far."""
 DEFAULT_PORT = 39201
 RESULTS_DIR = Path("benchmarks") / "results"
 
@@ -373,7 +375,7 @@ def _feddle_tables(report: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def _overhead(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+def _overhead(quick: bool, sim: Any, _: list[str] | None, progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.common import Setting, fednolowe_mnist, fedoui_cifar10
     from fedweigh.benchmarks.overhead import federation_overhead, vanilla_peer
 
@@ -385,30 +387,33 @@ def _overhead(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
         for s in settings
         if s.name.startswith("fedoui")
     ]
-    results = [federation_overhead(setting, sim, repeats=1 if quick else 2) for setting in settings]
+    results: list[dict[str, Any]] = []
+    for setting in settings:
+        results.append(federation_overhead(setting, sim, repeats=1 if quick else 2))
+        progress({"settings": results})
     peer = vanilla_peer(sim, rounds=5 if quick else 30, repeats=1 if quick else 2)
     return {"settings": results, "peer": peer}
 
 
-def _gpu_overhead(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+def _gpu_overhead(quick: bool, sim: Any, _: list[str] | None, progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.gpu import gpu_overhead
 
-    return gpu_overhead(sim, quick)
+    return gpu_overhead(sim, quick, progress)
 
 
-def _allocator(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+def _allocator(quick: bool, sim: Any, _: list[str] | None, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.allocator import allocator_cost
 
     return allocator_cost(rounds=3 if quick else 20, repeats=1 if quick else 3)
 
 
-def _checkpoint(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+def _checkpoint(quick: bool, sim: Any, _: list[str] | None, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.checkpoint import checkpoint_cost
 
     return checkpoint_cost(saves=5 if quick else 30)
 
 
-def _methods(quick: bool, sim: Any, strategies: list[str] | None) -> dict[str, Any]:
+def _methods(quick: bool, sim: Any, strategies: list[str] | None, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.common import digits_small, fedoui_cifar10
     from fedweigh.benchmarks.methods import method_overhead
     from fedweigh.methods import METHODS
@@ -417,43 +422,43 @@ def _methods(quick: bool, sim: Any, strategies: list[str] | None) -> dict[str, A
     return method_overhead(setting, strategies or sorted(METHODS), sim)
 
 
-def _scale(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+def _scale(quick: bool, sim: Any, _: list[str] | None, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.scale import scale
 
     return scale(sim, sizes=(100, 1000) if quick else (100, 1000, 10000), rounds=2 if quick else 30)
 
 
-def _deployment(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+def _deployment(quick: bool, sim: Any, _: list[str] | None, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.deployment import deployment
 
     return deployment(sim, nodes=2, rounds=3 if quick else 6)
 
 
-def _aggregation(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+def _aggregation(quick: bool, sim: Any, _: list[str] | None, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.aggregation import aggregation
 
     return aggregation(ks=(10,) if quick else (10, 100), repeat=2 if quick else 3)
 
 
-def _ufl_cost(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+def _ufl_cost(quick: bool, sim: Any, _: list[str] | None, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.ufl_cost import ufl_cost
 
     return ufl_cost(quick=quick)
 
 
-def _feddle_cost(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+def _feddle_cost(quick: bool, sim: Any, _: list[str] | None, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.feddle_cost import feddle_cost
 
     return feddle_cost(sim, quick=quick)
 
 
-def _finetuning(quick: bool, sim: Any, _: list[str] | None) -> dict[str, Any]:
+def _finetuning(quick: bool, sim: Any, _: list[str] | None, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.finetuning import finetuning_cost
 
     return finetuning_cost(quick=quick)
 
 
-_RUNNERS: dict[str, Callable[[bool, Any, list[str] | None], dict[str, Any]]] = {
+_RUNNERS: dict[str, Callable[[bool, Any, list[str] | None, Progress], dict[str, Any]]] = {
     "overhead": _overhead,
     "gpu-overhead": _gpu_overhead,
     "allocator": _allocator,
@@ -476,13 +481,30 @@ def _ray_description(sim: Any) -> str:
     return "shared" if not ray.workers else f"shared, {1 + len(ray.workers)} nodes"
 
 
-def run_benchmark(name: str, *, quick: bool, sim: Any = None, strategies: list[str] | None = None) -> dict[str, Any]:
-    """Run one benchmark; returns its report (with the machine it ran on)."""
+def run_benchmark(
+    name: str,
+    *,
+    quick: bool,
+    sim: Any = None,
+    strategies: list[str] | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Run one benchmark; returns its report (with the machine it ran on).
+
+    ``progress``, if given, receives the report so far (marked ``partial``)
+    whenever a benchmark of several long cases finishes one, so that a run
+    stopped by a time limit keeps what it measured.
+    """
     from fedweigh.benchmarks.common import machine_description
 
     started = time.monotonic()
     machine = machine_description()
-    report = _RUNNERS[name](quick, sim, strategies)
+
+    def so_far(partial: dict[str, Any]) -> None:
+        if progress is not None:
+            progress({"benchmark": name, "quick": quick, "machine": machine, "partial": True, **partial})
+
+    report = _RUNNERS[name](quick, sim, strategies, so_far)
     machine["load_average_1m_after"] = machine_description()["load_average_1m"]
     return {
         "benchmark": name,
@@ -522,10 +544,19 @@ def run_command(args: argparse.Namespace) -> int:
             sim.start()
         for name in names:
             print(f"[benchmark] {name}{' (quick)' if args.quick else ''} ...", file=sys.stderr, flush=True)
-            report = run_benchmark(name, quick=args.quick, sim=sim, strategies=strategies)
             path = args.output or (RESULTS_DIR / (f"{name}-quick.json" if args.quick else f"{name}.json"))
+            # a long benchmark stopped by a time limit keeps the cases it finished beside the last full report
+            partial_path = Path(path).with_suffix(".partial.json")
+            report = run_benchmark(
+                name,
+                quick=args.quick,
+                sim=sim,
+                strategies=strategies,
+                progress=lambda partial, p=partial_path: write_json(p, partial),
+            )
             table = render_table(name, report)
             write_json(path, report)
+            partial_path.unlink(missing_ok=True)
             Path(path).with_suffix(".md").write_text(f"# {name}\n\n{table}\n", encoding="utf-8")
             print(f"\n## {name} ({report['seconds']:.0f} s; {path})\n\n{table}\n")
     except (BenchmarkError, SimulationError, RuntimeError, ValueError) as err:

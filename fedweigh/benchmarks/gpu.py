@@ -16,6 +16,7 @@ batch :data:`GPU_BATCH`). Each case runs once: the lease of a GPU is short.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from fedweigh.benchmarks.common import BenchmarkError, Setting, fedoui_cifar10, resnet18_cifar10
@@ -50,8 +51,12 @@ def client_cpus(gpu_share: float, cpus: int) -> int:
     return cpus if gpu_share >= 1 else max(1, int(cpus * gpu_share))
 
 
-def gpu_overhead(sim: Any, quick: bool) -> dict[str, Any]:
-    """Every case of :func:`gpu_cases` on ``sim`` and the fine-tuning step on the GPU."""
+def gpu_overhead(sim: Any, quick: bool, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Every case of :func:`gpu_cases` on ``sim`` and the fine-tuning step on the GPU.
+
+    ``progress`` receives the report so far after each case (a GPU lease may
+    end before the last one).
+    """
     import torch
 
     if not torch.cuda.is_available():
@@ -60,8 +65,11 @@ def gpu_overhead(sim: Any, quick: bool) -> dict[str, Any]:
             "on a CPU, run `fedweigh benchmark overhead`"
         )
     cpus = os.cpu_count() or 1
-    settings = [
-        federation_overhead(setting, sim, gpus_per_client=share, cpus_per_client=client_cpus(share, cpus))
-        for setting, share in gpu_cases(quick)
-    ]
+    settings: list[dict[str, Any]] = []
+    for setting, share in gpu_cases(quick):
+        settings.append(
+            federation_overhead(setting, sim, gpus_per_client=share, cpus_per_client=client_cpus(share, cpus))
+        )
+        if progress is not None:
+            progress({"settings": settings})
     return {"settings": settings, "fine_tuning": finetuning_cost(quick, device="cuda", batch_size=GPU_BATCH)}
