@@ -24,9 +24,9 @@ its checkpoint; because client sampling and client seeds depend only on (seed,
 round, partition), it ends exactly where the uninterrupted run would have.
 The checkpoint is replaced atomically (:meth:`Checkpoint.save`), in the
 background while the next round runs (:class:`CheckpointWriter`), so a server
-killed at any moment leaves a whole one (the last round's or the one before), and read with ``weights_only=True``
-(:meth:`Checkpoint.load`), so a file that is not one is refused with a
-message, never unpickled. What it cannot hold is state kept on the clients:
+killed at any moment leaves a whole one (the last round's or the one before),
+and read with ``weights_only=True`` (:meth:`Checkpoint.load`), so a file that
+is not one is refused with a message, never unpickled. What it cannot hold is state kept on the clients:
 ``persist-optimizer-state`` keeps each client's optimizer in its node's
 Flower context, which a new run (the resumed one) starts empty, so such a run
 resumes with fresh client optimizers and does not end exactly where the

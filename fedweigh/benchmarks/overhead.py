@@ -118,7 +118,8 @@ def federation_overhead(
     quieter affects both alike) and each side's fastest run is compared.
     ``cpus_per_client`` (default: all CPUs, hence one ClientApp actor) and
     ``gpus_per_client`` are the simulation's client resources: with a GPU
-    share below 1 and CPUs to spare, Ray runs that many actors at once.
+    share below 1 and CPUs to spare, Ray runs as many actors at once as
+    both allow.
 
     Returns
     -------
