@@ -228,3 +228,12 @@ def test_gpu_benchmark_hands_on_each_finished_case_before_the_next(monkeypatch):
     assert "partial" not in report
     assert ran == [(s.name, share) for s, share in gpu.gpu_cases(quick=True)]
     assert report["fine_tuning"]["device"] == "cuda"
+
+
+def test_the_bare_loop_refuses_what_the_server_app_refuses_before_training():
+    """An empty partition: the ServerApp's data check, not a failure inside a client's training."""
+    from fedweigh.settings import SettingsError
+
+    config = {**load_app_config(REPO), "partitioner": "dirichlet", "dirichlet-alpha": 0.01, "output-dir": "unused"}
+    with pytest.raises(SettingsError, match=r"with 300 partitions .* leaves partitions \[0, .* empty"):
+        bare_federated_run(config, num_partitions=300)

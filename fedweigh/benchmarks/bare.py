@@ -52,7 +52,7 @@ def bare_federated_run(run_config: Mapping[str, Any], num_partitions: int) -> di
     from fedweigh.components import batch_transform, configure_torch, data_spec, new_model, resolve_device
     from fedweigh.data.federated import load_partition, load_test_split
     from fedweigh.models import on_device
-    from fedweigh.preflight import parse_settings
+    from fedweigh.preflight import check_run
     from fedweigh.protocol import CLIENT_STEPS, TRAIN_LOSS, TrainRecipe
     from fedweigh.rules.base import RoundSignals
     from fedweigh.strategies.aggregation import weighted_average
@@ -61,7 +61,7 @@ def bare_federated_run(run_config: Mapping[str, Any], num_partitions: int) -> di
 
     imported = time.perf_counter()
     configure_torch()
-    settings = parse_settings(run_config)
+    settings = check_run(run_config, num_partitions)  # the ServerApp's checks, the data split's included
     strategy = build_strategy(settings)
     if strategy.recipe.get(CLIENT_STEPS):
         raise ValueError(f"strategy {settings.strategy!r} runs client steps; the bare loop supports none")

@@ -37,9 +37,9 @@ def _numpy_layout_save(checkpoint: Any, path: Path) -> None:
     """Layout 1: the arrays pickled as numpy arrays, then the same atomic write."""
     import torch
 
-    from fedweigh.results import write_atomically
+    from fedweigh.results import CHECKPOINT_FORMAT, write_atomically
 
-    payload = {"format": "fedweigh-checkpoint", "version": 1, "round": checkpoint.round}
+    payload = {"format": CHECKPOINT_FORMAT, "version": 1, "round": checkpoint.round}
     payload |= {"arrays": checkpoint.arrays, "strategy_state": checkpoint.strategy_state}
     buffer = io.BytesIO()
     torch.save(payload, buffer)

@@ -376,17 +376,13 @@ def _feddle_tables(report: dict[str, Any]) -> str:
 
 
 def _overhead(quick: bool, sim: Any, _: list[str] | None, progress: Progress) -> dict[str, Any]:
-    from fedweigh.benchmarks.common import Setting, fednolowe_mnist, fedoui_cifar10
+    from fedweigh.benchmarks.common import fednolowe_mnist, fedoui_cifar10
     from fedweigh.benchmarks.overhead import federation_overhead, vanilla_peer
 
     settings = [fedoui_cifar10(3)] if quick else [fedoui_cifar10(10), fedoui_cifar10(60), fednolowe_mnist(5)]
     # Before and after the event-driven hand-off (strategies/wakeup.py): the CIFAR-10 settings again with
     # Flower's own 0.1 s polling loops.
-    settings += [
-        Setting(f"{s.name}-polling", {**s.run_config, "event-driven-simulation": False}, s.num_supernodes)
-        for s in settings
-        if s.name.startswith("fedoui")
-    ]
+    settings += [s.polling() for s in settings if s.name.startswith("fedoui")]
     results: list[dict[str, Any]] = []
     for setting in settings:
         results.append(federation_overhead(setting, sim, repeats=1 if quick else 2))

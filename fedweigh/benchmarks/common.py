@@ -81,6 +81,11 @@ class Setting:
     def with_rounds(self, rounds: int) -> Setting:
         return Setting(self.name, {**self.run_config, "num-server-rounds": rounds}, self.num_supernodes)
 
+    def polling(self) -> Setting:
+        """The same run with Flower 1.41's own 0.1 s polling loops (``event-driven-simulation = false``)."""
+        config = {**self.run_config, "event-driven-simulation": False}
+        return Setting(f"{self.name}-polling", config, self.num_supernodes)
+
 
 def fedoui_cifar10(rounds: int = 5) -> Setting:
     """The FedOUI paper's CIFAR-10 setting (without its rare and noisy clients), FedAvg."""

@@ -35,11 +35,8 @@ def gpu_cases(quick: bool) -> list[tuple[Setting, float]]:
     """The settings and each one's GPU share per ClientApp actor."""
     few, many = (3, 3) if quick else (20, 60)
     fedoui = fedoui_cifar10(many)
-    polling = Setting(
-        f"{fedoui.name}-polling", {**fedoui.run_config, "event-driven-simulation": False}, fedoui.num_supernodes
-    )
     resnet = resnet18_cifar10(few)
-    return [(fedoui, 1.0), (polling, 1.0), (resnet, 1.0), (resnet, SHARED_GPU)]
+    return [(fedoui, 1.0), (fedoui.polling(), 1.0), (resnet, 1.0), (resnet, SHARED_GPU)]
 
 
 def client_cpus(gpu_share: float, cpus: int) -> int:
