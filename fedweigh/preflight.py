@@ -309,6 +309,8 @@ def _split_settings(settings: Settings) -> str:
     """``partitioner = 'dirichlet', dirichlet-alpha = 0.5, ...``: the settings that shape the split, as set."""
     by_partitioner = {
         "dirichlet": ("dirichlet-alpha", "min-partition-size", "dirichlet-self-balancing", "partition-top-up"),
+        "soft-capped-dirichlet": ("dirichlet-alpha", "min-partition-size"),
+        "niid-bench-dirichlet": ("dirichlet-alpha", "min-partition-size"),
         "pathological": ("classes-per-client",),
         "shard": ("shards-per-client",),
     }

@@ -32,7 +32,10 @@ task of a FAB, the modules of the FAB's top-level packages are dropped from
 version of the app, is imported afresh). One task at a time: while one runs,
 the SuperExec asks for no other. Tasks that need runtime dependency
 installation, and tasks of other types, go to Flower's own subprocess
-executor. A ClientApp that crashes the interpreter (not an exception: an
+executor. A task waits at most :data:`INPUT_PULL_MAX_TIME` s for its
+message's content (``FEDWEIGH_INPUT_PULL_MAX_TIME`` says otherwise), and a task
+the SuperNode ends is given up, not signalled to the whole process, so one lost
+message cannot hold the node. A ClientApp that crashes the interpreter (not an exception: an
 exception becomes the task's error reply, as in Flower) takes this process
 with it; the SuperNode then reports the task as failed, as when a
 ``flwr-clientapp`` process dies.
@@ -55,8 +58,96 @@ TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 """Flower's setting of how often the SuperExec asks for a task (s; Flower's default 1.0)."""
 TASK_POLL_INTERVAL = "0.1"
 """fedweigh-superexec's default for it: a task waits 0.05 s on average, not 0.5 s."""
+INPUT_PULL_ENV = "FEDWEIGH_INPUT_PULL_MAX_TIME"
+"""fedweigh-superexec's setting of how long a task waits for its message's content (s)."""
+INPUT_PULL_MAX_TIME = 120.0
+"""Its default. ``flwr-clientapp`` waits up to 500 tries 10 s apart (Flower's ``PULL_MAX_TRIES_PER_OBJECT``) for
+content that may never come (a ServerApp killed while it sent the message); a process per message can afford
+that, but the node's one resident ClientApp would take no other message meanwhile. Raise it where a message
+takes longer than this to reach the SuperNode (a large model over a slow link)."""
 
 logger = logging.getLogger("flwr.fedweigh")
+
+
+def configured_input_pull_max_time() -> float:
+    """:data:`INPUT_PULL_ENV` if set (a positive number of seconds), else :data:`INPUT_PULL_MAX_TIME`."""
+    raw = os.environ.get(INPUT_PULL_ENV)
+    if raw is None:
+        return INPUT_PULL_MAX_TIME
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{INPUT_PULL_ENV}={raw!r}: expected a positive number of seconds")
+    return value
+
+
+def pull_task_input(client: Any, *, max_time: float, cancelled: threading.Event) -> tuple[Any, Any, Any, Any]:
+    """Flower's ``pull_task_input`` (the first step of ``flwr-clientapp``), bounded: the message, context, run, FAB.
+
+    The message's content is pulled for at most ``max_time`` s, and no longer
+    once ``cancelled`` is set (the SuperNode ended the task); either way
+    Flower's ``ObjectPullError`` is raised, and the task fails.
+    """
+    from flwr.app import Message
+    from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto
+    from flwr.proto.node_pb2 import Node
+    from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullTaskInputRequest
+    from flwr.supercore.inflatable.inflatable_protobuf_utils import (
+        make_confirm_message_received_fn_protobuf,
+        make_pull_object_fn_protobuf,
+    )
+    from flwr.supercore.inflatable.inflatable_utils import ObjectPullError, pull_and_inflate_object_from_tree
+    from flwr.supercore.task_identity import TaskIdentity
+
+    res = client.PullTaskInput(PullTaskInputRequest())
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = res.task_id, res.run.run_id, res.context.node_id
+    context, run, fab = context_from_proto(res.context), run_from_proto(res.run), fab_from_proto(res.fab)
+    messages = client.PullMessages(PullAppMessagesRequest())
+    if not messages.messages_list:
+        raise RuntimeError("No messages received from Runtime API")
+    node = Node(node_id=context.node_id)
+    pull = make_pull_object_fn_protobuf(client.PullObject, node, context.run_id)
+
+    def pull_unless_cancelled(object_id: str) -> bytes:
+        if cancelled.is_set():
+            raise ObjectPullError(object_id, "the SuperNode ended the task")
+        return pull(object_id)
+
+    tree = messages.message_object_trees[0]
+    message = pull_and_inflate_object_from_tree(
+        tree,
+        pull_unless_cancelled,
+        make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node, context.run_id),
+        return_type=Message,
+        max_time=max_time,
+    )
+    message.metadata.__dict__["_message_id"] = tree.object_id  # as Flower: the deflated message lacks its own id
+    return message, context, run, fab
+
+
+def task_heartbeat(client: Any, cancelled: threading.Event) -> Any:
+    """Flower's task heartbeat for ``HeartbeatSender``, except that a task the SuperNode no longer accepts is
+    marked ``cancelled``: Flower's raises SIGINT, which ends a ``flwr-clientapp`` process but would end this
+    SuperExec."""
+    import httpx
+    from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest
+
+    def beat() -> bool:
+        try:
+            res = client.SendTaskHeartbeat(SendTaskHeartbeatRequest())
+        except httpx.TransportError:
+            return False
+        except httpx.HTTPStatusError as err:
+            if err.response.status_code in (httpx.codes.SERVICE_UNAVAILABLE, httpx.codes.GATEWAY_TIMEOUT):
+                return False
+            raise
+        if not res.success:
+            cancelled.set()
+        return True
+
+    return beat
 
 
 def app_packages(app_dir: Path) -> set[str]:
@@ -77,9 +168,10 @@ def forget_modules(packages: set[str]) -> list[str]:
 class ResidentExecutor:
     """A SuperExec executor (Flower 1.41's ``Executor`` protocol) that runs ClientApp tasks in this process."""
 
-    def __init__(self) -> None:
+    def __init__(self, input_pull_max_time: float = INPUT_PULL_MAX_TIME) -> None:
         from flwr.supercore.superexec.executor import SubprocessExecutor
 
+        self.input_pull_max_time = input_pull_max_time
         self.fallback = SubprocessExecutor()
         self.loaded: tuple[str, Any] | None = None  # (FAB hash, its ClientApp): one FAB's modules at a time
         self.busy = threading.Event()
@@ -136,13 +228,13 @@ class ResidentExecutor:
         from flwr.app.error import Error
         from flwr.clientapp.client_app import LoadClientAppError
         from flwr.common.constant import ErrorCode, SubStatus
-        from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+        from flwr.supercore.heartbeat import HeartbeatSender
         from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
         from flwr.supercore.retry import make_simple_http_retry_invoker
         from flwr.supercore.runtime import RuntimeHttpClient
         from flwr.supercore.runtime.tracing import RuntimeTracingInterceptor
         from flwr.supercore.tls import validate_and_resolve_root_certificates
-        from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
+        from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
         client = RuntimeHttpClient.from_server_address(
             server_address=spec.runtime_api_address,
@@ -155,13 +247,14 @@ class ResidentExecutor:
             ],
             retry_invoker=make_simple_http_retry_invoker(),
         )
-        heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+        cancelled = threading.Event()
+        heartbeat = HeartbeatSender(task_heartbeat(client, cancelled))
         started = time.monotonic()
         message = context = reply = None
         sub_status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
         try:
             heartbeat.start()
-            message, context, run, fab = pull_task_input(client)
+            message, context, run, fab = pull_task_input(client, max_time=self.input_pull_max_time, cancelled=cancelled)
             app = self._client_app(run, fab)
             reply = app(message=message, context=context)
             sub_status, details = SubStatus.COMPLETED, ""
@@ -183,7 +276,7 @@ class ResidentExecutor:
                 reply = Message(Error(code=code, reason=reason), reply_to=message)
         finally:
             try:
-                if reply is not None and context is not None:
+                if reply is not None and context is not None and not cancelled.is_set():
                     push_message(client, reply, context)
             finally:
                 push_task_output(client=client, context=context, sub_status=sub_status, details=details)
@@ -215,8 +308,11 @@ class ResidentExecutor:
         return app
 
 
-def install(executor: ResidentExecutor | None = None) -> ResidentExecutor:
-    """Make Flower's SuperExec loop in this process use a :class:`ResidentExecutor`; returns it."""
+def install(
+    executor: ResidentExecutor | None = None, *, input_pull_max_time: float = INPUT_PULL_MAX_TIME
+) -> ResidentExecutor:
+    """Make Flower's SuperExec loop in this process use a :class:`ResidentExecutor` (``executor``, or a new one
+    that waits ``input_pull_max_time`` s at most for a message's content); returns it."""
     import importlib
 
     import flwr
@@ -227,7 +323,7 @@ def install(executor: ResidentExecutor | None = None) -> ResidentExecutor:
             "use flower-superexec (a ClientApp process per message) until fedweigh/resident.py is checked"
         )
     runner = importlib.import_module(RUNNER_MODULE)
-    resident = executor or ResidentExecutor()
+    resident = executor or ResidentExecutor(input_pull_max_time)
 
     def get_executor(executor_type: Any, executor_config: Any = None, **_: Any) -> ResidentExecutor:
         from flwr.supercore.constant import ExecutorType
@@ -246,8 +342,8 @@ def main() -> None:
 
     os.environ.setdefault(TASK_POLL_ENV, TASK_POLL_INTERVAL)  # set it to choose another
     try:
-        install()
-    except RuntimeError as err:
+        install(input_pull_max_time=configured_input_pull_max_time())
+    except (RuntimeError, ValueError) as err:
         print(f"fedweigh-superexec: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     logging.getLogger("flwr.fedweigh").setLevel(logging.INFO)

@@ -258,7 +258,10 @@ class FedFTSettings(_Section):
     batch_size: int = Field(64, ge=1)
 
 
-PARTITIONERS = ("iid", "dirichlet", "soft-capped-dirichlet", "pathological", "shard")
+CLIENT_SAMPLERS = ("per-round", "python-sequence")
+"""Accepted values of ``client-sampling`` (:mod:`fedweigh.strategies.sampling` draws them)."""
+
+PARTITIONERS = ("iid", "dirichlet", "soft-capped-dirichlet", "niid-bench-dirichlet", "pathological", "shard")
 """Accepted values of the ``partitioner`` setting (:mod:`fedweigh.data.partitioning` builds them)."""
 
 TRACKERS = ("tensorboard", "mlflow")
@@ -327,6 +330,7 @@ class Settings(_Section):
     fraction_train: float = Field(0.5, gt=0.0, le=1.0)
     min_train_nodes: int = Field(2, ge=1)
     fraction_evaluate: float = Field(0.0, ge=0.0, le=1.0)
+    client_sampling: Literal[CLIENT_SAMPLERS] = "per-round"
     max_staleness: int = Field(0, ge=0)  # rounds a reply's model may lag behind and still be used
     round_timeout: float = Field(3600.0, gt=0.0, allow_inf_nan=False)  # seconds a round waits for replies
     # simulation: the engine hands messages on when they are stored (false: Flower 1.41's 0.1 s polling loops)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+import threading
 import types
 
 import flwr
@@ -30,6 +31,11 @@ def test_it_replaces_only_flower_s_executor_and_keeps_flower_s_loop(monkeypatch)
     source = inspect.getsource(importlib.import_module("flwr.supernode.runtime.run_clientapp").run_clientapp)
     for step in ("pull_task_input(client)", "push_message(client, reply_message, context)", "HeartbeatSender("):
         assert step in source  # what run_task does, as flwr-clientapp does it
+    run_clientapp = importlib.import_module("flwr.supernode.runtime.run_clientapp")
+    for step in ("client.PullTaskInput(", "client.PullMessages(", "pull_and_inflate_object_from_tree(", "_message_id"):
+        assert step in inspect.getsource(run_clientapp.pull_task_input)  # what resident.pull_task_input repeats
+    heartbeat = inspect.getsource(importlib.import_module("flwr.supercore.heartbeat").make_task_heartbeat_fn_http)
+    assert "client.SendTaskHeartbeat(" in heartbeat and "raise_signal" in heartbeat  # what task_heartbeat avoids
     monkeypatch.setattr(runner, "get_executor", runner.get_executor)  # put back after the test
     executor = resident.install()
     assert runner.get_executor(ExecutorType.SUBPROCESS, None) is executor
@@ -47,3 +53,131 @@ def test_the_fab_s_packages_are_imported_afresh(tmp_path, monkeypatch):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     assert sorted(resident.forget_modules({"siteapp", "helper"})) == ["helper", "siteapp", "siteapp.client"]
     assert "siteapplication" in sys.modules  # a name that only starts like one stays
+
+
+class Runtime:
+    """The SuperNode's Runtime API as a ClientApp task sees it, serving one message; its content can be withheld."""
+
+    def __init__(self, message, context, *, available=True, task_alive=True):
+        from flwr.app.message import remove_content_from_message
+        from flwr.common.serde import context_to_proto, fab_to_proto, message_to_proto, run_to_proto
+        from flwr.proto.runtime_pb2 import PullAppMessagesResponse, PullTaskInputResponse
+        from flwr.supercore.fab import Fab
+        from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
+        from flwr.supercore.run import Run
+
+        self.contents = {oid: obj.deflate() for oid, obj in get_all_nested_objects(message).items()}
+        self.available, self.task_alive = available, task_alive
+        self.pulled, self.confirmed = [], []
+        self.task_input = PullTaskInputResponse(
+            task_id=3,
+            context=context_to_proto(context),
+            run=run_to_proto(Run.create_empty(context.run_id)),
+            fab=fab_to_proto(Fab("f" * 64, b"", {})),
+        )
+        self.messages = PullAppMessagesResponse(
+            messages_list=[message_to_proto(remove_content_from_message(message))],
+            message_object_trees=[get_object_tree(message)],
+        )
+
+    def PullTaskInput(self, request):  # noqa: N802 - the Runtime API's names
+        return self.task_input
+
+    def PullMessages(self, request):  # noqa: N802
+        return self.messages
+
+    def PullObject(self, request):  # noqa: N802
+        from flwr.proto.message_pb2 import PullObjectResponse
+
+        self.pulled.append(request.object_id)
+        if not self.available:
+            return PullObjectResponse(object_found=True, object_available=False)
+        return PullObjectResponse(
+            object_found=True, object_available=True, object_content=self.contents[request.object_id]
+        )
+
+    def ConfirmMessageReceived(self, request):  # noqa: N802
+        from flwr.proto.message_pb2 import ConfirmMessageReceivedResponse
+
+        self.confirmed.append(request.message_object_id)
+        return ConfirmMessageReceivedResponse()
+
+    def SendTaskHeartbeat(self, request):  # noqa: N802
+        from flwr.proto.runtime_pb2 import SendTaskHeartbeatResponse
+
+        return SendTaskHeartbeatResponse(success=self.task_alive)
+
+
+@pytest.fixture
+def train_message():
+    """A train message for node 5 of run 1, with its node's context (a task's identity set, as in a task)."""
+    import numpy as np
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 5, 3
+    content = RecordDict({"arrays": ArrayRecord([np.arange(6, dtype=np.float32)]), "config": ConfigRecord({"lr": 0.1})})
+    message = Message(content, dst_node_id=5, message_type="train")
+    yield message, Context(run_id=1, node_id=5, node_config={"partition-id": 2}, state=RecordDict(), run_config={})
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
+
+
+def pulled_within(runtime, seconds, **limits):
+    """pull_task_input in a thread: its result or its exception; fails if the pull still runs after ``seconds``."""
+    outcome = {}
+
+    def pull():
+        try:
+            outcome["input"] = resident.pull_task_input(runtime, **limits)
+        except Exception as err:  # noqa: BLE001 - the outcome under test
+            outcome["error"] = err
+
+    worker = threading.Thread(target=pull, daemon=True)
+    worker.start()
+    worker.join(timeout=seconds)
+    assert not worker.is_alive(), f"the input pull was still waiting after {seconds} s ({len(runtime.pulled)} pulls)"
+    return outcome
+
+
+def test_the_task_input_is_the_message_flwr_clientapp_would_pull(train_message):
+    message, context = train_message
+    runtime = Runtime(message, context)
+    outcome = pulled_within(runtime, 60, max_time=60.0, cancelled=threading.Event())
+    pulled, pulled_context, run, _ = outcome["input"]
+    assert pulled.metadata.message_id == message.object_id and runtime.confirmed == [message.object_id]
+    assert pulled.content["arrays"].to_numpy_ndarrays()[0].tolist() == [0, 1, 2, 3, 4, 5]
+    assert dict(pulled.content["config"]) == {"lr": 0.1} and pulled.metadata.message_type == "train"
+    assert pulled_context.node_config == {"partition-id": 2} and run.run_id == 1
+
+
+def test_content_that_never_comes_fails_the_task_after_the_limit_instead_of_holding_the_node(train_message):
+    """The deployment flake: a ServerApp killed mid-send left a message whose content never arrived; Flower's pull
+    waits up to 500 tries 10 s apart, and the node's one resident ClientApp took no other message meanwhile."""
+    from flwr.supercore.inflatable.inflatable_utils import ObjectPullError
+
+    runtime = Runtime(*train_message, available=False)
+    outcome = pulled_within(runtime, 60, max_time=0.5, cancelled=threading.Event())
+    assert isinstance(outcome.get("error"), ObjectPullError), outcome
+    assert 0 < len(runtime.pulled) < 10 and runtime.confirmed == []
+
+
+def test_a_task_the_supernode_ended_is_given_up_without_signalling_the_superexec(train_message):
+    from flwr.supercore.inflatable.inflatable_utils import ObjectPullError
+
+    runtime = Runtime(*train_message, available=False, task_alive=False)
+    cancelled = threading.Event()
+    beat = resident.task_heartbeat(runtime, cancelled)
+    assert beat() is True and cancelled.is_set()  # Flower's raises SIGINT here: pytest would be interrupted
+    outcome = pulled_within(runtime, 60, max_time=3600.0, cancelled=cancelled)
+    assert isinstance(outcome.get("error"), ObjectPullError) and runtime.pulled == []
+
+
+def test_the_input_pull_limit_is_a_positive_number_of_seconds(monkeypatch):
+    monkeypatch.delenv(resident.INPUT_PULL_ENV, raising=False)
+    assert resident.configured_input_pull_max_time() == resident.INPUT_PULL_MAX_TIME
+    monkeypatch.setenv(resident.INPUT_PULL_ENV, "600")
+    assert resident.configured_input_pull_max_time() == 600.0
+    for bad in ("0", "-5", "soon", "inf", "nan"):
+        monkeypatch.setenv(resident.INPUT_PULL_ENV, bad)
+        with pytest.raises(ValueError, match=f"{resident.INPUT_PULL_ENV}='{bad}': expected a positive number"):
+            resident.configured_input_pull_max_time()

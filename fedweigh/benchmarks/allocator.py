@@ -57,7 +57,7 @@ def train_passes(rounds: int, repeats: int, keep: bool) -> dict[str, Any]:
     plan = [
         (r, p, load_partition(spec, p))
         for r in range(1, rounds + 1)
-        for p in sample_partitions(settings.seed, r, range(setting.num_supernodes), size)
+        for p in sample_partitions(settings.seed, r, range(setting.num_supernodes), size, settings.client_sampling)
     ]
     seconds, faults = [], []
     for _ in range(repeats):

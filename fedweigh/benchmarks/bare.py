@@ -78,7 +78,7 @@ def bare_federated_run(run_config: Mapping[str, Any], num_partitions: int) -> di
     for server_round in range(1, settings.num_server_rounds + 1):
         t0 = time.perf_counter()
         size = sample_size(num_partitions, settings.fraction_train, settings.min_train_nodes)
-        chosen = sample_partitions(settings.seed, server_round, range(num_partitions), size)
+        chosen = sample_partitions(settings.seed, server_round, range(num_partitions), size, settings.client_sampling)
         global_state = {k: v.detach().clone() for k, v in global_model.state_dict().items()}
         recipe = TrainRecipe.from_config({**strategy.recipe, **strategy.round_values(server_round)})
         models, counts, losses = [], [], []

@@ -1,6 +1,6 @@
 """How the train split is divided among clients: the ``partitioner`` setting.
 
-Five kinds, each a Flower Datasets partitioner:
+Six kinds, each a Flower Datasets partitioner:
 
 ``"iid"``
     :class:`~flwr_datasets.partitioner.IidPartitioner`: equal contiguous
@@ -17,6 +17,11 @@ Five kinds, each a Flower Datasets partitioner:
     The FedOUI authors' Dirichlet split
     (:mod:`fedweigh.data.soft_capped`): a client's share of each class
     shrinks as it fills up; ``min_partition_size`` by drawing again.
+``"niid-bench-dirichlet"``
+    NIID-Bench's Dirichlet split drawn with NumPy's legacy generator, as
+    the FedNolowe authors' code draws it (:mod:`fedweigh.data.niid_bench`):
+    a client holding N/K samples gets no more; ``min_partition_size`` by
+    drawing again.
 ``"pathological"``
     :class:`~flwr_datasets.partitioner.PathologicalPartitioner`: each client
     holds exactly ``classes_per_client`` classes. Class ``i mod K`` goes to
@@ -66,22 +71,22 @@ def build_partitioner(
 
     Parameters
     ----------
-    kind : {"iid", "dirichlet", "soft-capped-dirichlet", "pathological", "shard"}
+    kind : {"iid", "dirichlet", "soft-capped-dirichlet", "niid-bench-dirichlet", "pathological", "shard"}
         See the module docstring.
     num_partitions : int
         Number of clients.
     seed : int
         Seeds every random choice of the partitioner.
     dirichlet_alpha : float
-        Concentration of the Dirichlet distribution (the two Dirichlet kinds).
+        Concentration of the Dirichlet distribution (the Dirichlet kinds).
     classes_per_client : int
         Classes per client (``"pathological"`` only).
     shards_per_client : int
         Shards per client (``"shard"`` only).
     min_partition_size : int
-        Smallest acceptable client (the two Dirichlet kinds): the Dirichlet
-        draw is repeated, up to 10 times (``"soft-capped-dirichlet"``: 1,000),
-        until every client has this many samples.
+        Smallest acceptable client (the Dirichlet kinds): the Dirichlet
+        draw is repeated, up to 10 times (fedweigh's own two: 1,000), until
+        every client has this many samples.
     label_column : str
         Column holding the labels that non-IID partitioners divide by.
     self_balancing : bool
@@ -118,7 +123,9 @@ def build_partitioner(
         ShardPartitioner,
     )
 
-    from fedweigh.data.soft_capped import SoftCappedDirichletPartitioner
+    from fedweigh.data.niid_bench import niid_bench_dirichlet
+    from fedweigh.data.row_partitioner import LabelSplitPartitioner
+    from fedweigh.data.soft_capped import soft_capped_dirichlet
     from fedweigh.data.top_up import MinimumSizeTopUp
 
     if kind == "iid":
@@ -141,8 +148,10 @@ def build_partitioner(
                 dirichlet(min_partition_size), dirichlet(0), num_partitions, min_partition_size, seed
             )
         return dirichlet(min_partition_size)
-    if kind == "soft-capped-dirichlet":
-        return SoftCappedDirichletPartitioner(
+    if kind in ("soft-capped-dirichlet", "niid-bench-dirichlet"):
+        split = soft_capped_dirichlet if kind == "soft-capped-dirichlet" else niid_bench_dirichlet
+        return LabelSplitPartitioner(
+            split,
             num_partitions,
             partition_by=label_column,
             alpha=dirichlet_alpha,

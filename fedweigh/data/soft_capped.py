@@ -35,10 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedweigh.data.row_partitioner import RowPartitioner
-
-MAX_DRAWS = 1000
-"""Draws tried before giving up on ``min_size`` (the authors' loop has no limit)."""
+from fedweigh.data.row_partitioner import MAX_DRAWS, check_minimum, no_split
 
 
 def class_split(positions: np.ndarray, sizes: np.ndarray, alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
@@ -71,6 +68,9 @@ def soft_capped_dirichlet(
 ) -> list[np.ndarray]:
     """Per client, the ``int64`` positions of its samples (shuffled), as the FedOUI authors split.
 
+    A partition's rows come in this shuffled order (step 2 above), which the
+    rare-client cap (:mod:`fedweigh.data.partition_edits`) relies on.
+
     Raises
     ------
     ValueError
@@ -79,13 +79,7 @@ def soft_capped_dirichlet(
         message names ``min-partition-size``.
     """
     labels = np.asarray(labels)
-    if num_partitions < 1:
-        raise ValueError(f"num_partitions must be at least 1, got {num_partitions}")
-    if num_partitions * min_size > len(labels):
-        raise ValueError(
-            f"min-partition-size = {min_size} for {num_partitions} clients needs {num_partitions * min_size} "
-            f"samples; the train split has {len(labels)}; accepted: at most {len(labels) // num_partitions}"
-        )
+    check_minimum(len(labels), num_partitions, min_size)
     rng = np.random.default_rng(seed)
     classes = np.unique(labels)
     for _ in range(MAX_DRAWS):
@@ -101,31 +95,4 @@ def soft_capped_dirichlet(
             for positions in clients:
                 rng.shuffle(positions)
             return clients
-    raise ValueError(
-        f"partitioner = 'soft-capped-dirichlet' found no split with min-partition-size = {min_size} in "
-        f"{MAX_DRAWS} draws (dirichlet-alpha = {alpha}, {num_partitions} clients); accepted: a smaller "
-        "min-partition-size or a larger dirichlet-alpha"
-    )
-
-
-class SoftCappedDirichletPartitioner(RowPartitioner):
-    """A Flower Datasets partitioner running :func:`soft_capped_dirichlet` on a label column.
-
-    A partition's rows come in the split's shuffled order (step 2 above),
-    which the rare-client cap relies on.
-    """
-
-    def __init__(
-        self, num_partitions: int, *, partition_by: str, alpha: float, min_partition_size: int, seed: int
-    ) -> None:
-        super().__init__(num_partitions)
-        self.partition_by = partition_by
-        self.alpha = alpha
-        self.min_partition_size = min_partition_size
-        self.seed = seed
-
-    def divide(self) -> list[np.ndarray]:
-        labels = np.asarray(self.dataset[self.partition_by])
-        return soft_capped_dirichlet(
-            labels, self.num_partitions, alpha=self.alpha, min_size=self.min_partition_size, seed=self.seed
-        )
+    raise no_split("soft-capped-dirichlet", min_size, alpha, num_partitions)

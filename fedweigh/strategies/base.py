@@ -118,6 +118,9 @@ class WeightedFedAvg(FedAvg):
     seed : int
         Seeds client sampling; the same seed gives the same clients, round by
         round, for every strategy.
+    client_sampling : str
+        How (:func:`~fedweigh.strategies.sampling.sample_partitions`):
+        ``"per-round"`` or ``"python-sequence"``.
     round_offset : int
         Rounds already done before this ``start`` (resuming).
     frozen_digest : str
@@ -146,6 +149,7 @@ class WeightedFedAvg(FedAvg):
         deadline: Deadline | None = None,
         server_data: object | None = None,
         seed: int = 0,
+        client_sampling: str = "per-round",
         round_offset: int = 0,
         frozen_digest: str = "",
         update_norm_bound: float = 0.0,
@@ -164,6 +168,7 @@ class WeightedFedAvg(FedAvg):
         self.dispatches = Dispatches()  # simulated asynchrony: clients whose update is on its way
         self.server_data = server_data
         self.seed = seed
+        self.client_sampling = client_sampling
         self.round_offset = round_offset
         self.frozen_digest = frozen_digest
         self.update_norm_bound = update_norm_bound
@@ -211,7 +216,7 @@ class WeightedFedAvg(FedAvg):
             size = min(size, len(node_ids))
             if size == 0:
                 return []
-        return sample_nodes(self.directory, node_ids, self.seed + stream, server_round, size)
+        return sample_nodes(self.directory, node_ids, self.seed + stream, server_round, size, self.client_sampling)
 
     def round_values(self, server_round: int) -> dict[str, ConfigValue]:
         """The schedules' config entries for ``server_round``."""

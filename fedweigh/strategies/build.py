@@ -75,6 +75,7 @@ def build_strategy(
         deadline=deadline,
         server_data=server_data,
         seed=settings.seed,
+        client_sampling=settings.client_sampling,
         round_offset=round_offset,
         frozen_digest=frozen_digest,
         update_norm_bound=settings.update_norm_bound,

@@ -6,10 +6,21 @@ the same order. Comparisons in the papers are paired: every method sees the
 same sequence of clients. Here a node is known by its *partition id* (asked
 once per node with a ``query`` message, or in a simulation read from the
 engine that registered the nodes, see :class:`NodeDirectory`) and the
-clients of round t are drawn from ``numpy.random.default_rng([seed, t])``
-over the sorted partition ids. The draw depends on (seed, round, the set of
-connected partitions) only: not on the strategy, not on earlier rounds, so a
-resumed run draws exactly what an uninterrupted one would.
+clients of round t are drawn over the sorted partition ids, one of two ways
+(``client-sampling``):
+
+``"per-round"`` (the default)
+    from ``numpy.random.default_rng([seed, t])``;
+``"python-sequence"``
+    the t-th draw of ``random.Random(seed).sample(range(N), n)``, one draw a
+    round from one generator, as the FedNolowe authors' code samples
+    (seed 42 gives their rounds, spec fednolowe §6.4). Round t replays the
+    t - 1 draws before it with this round's N and n, so it is the authors'
+    sequence while these stay the same.
+
+Either way the draw depends on (seed, round, the set of connected
+partitions, the sample size) only: not on the strategy, not on what earlier
+rounds did, so a resumed run draws exactly what an uninterrupted one would.
 
 Example
 -------
@@ -17,11 +28,14 @@ Example
 [5, 6, 8, 11, 12]
 >>> sample_partitions(seed=1, server_round=1, partitions=range(20), sample_size=5)
 [5, 6, 8, 11, 12]
+>>> sample_partitions(42, 1, range(50), 5, sampler="python-sequence")  # the authors' round 1: 40, 7, 1, 47, 17
+[1, 7, 17, 40, 47]
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Iterable
 
@@ -31,17 +45,27 @@ from flwr.serverapp import Grid
 
 from fedweigh.engine import simulated_partitions
 from fedweigh.protocol import NUM_PARTITIONS, PARTITION_ID
+from fedweigh.settings import CLIENT_SAMPLERS
 
 logger = logging.getLogger("flwr.fedweigh")
 
 
-def sample_partitions(seed: int, server_round: int, partitions: Iterable[int], sample_size: int) -> list[int]:
-    """Draw ``sample_size`` distinct partitions for one round, sorted."""
+def sample_partitions(
+    seed: int, server_round: int, partitions: Iterable[int], sample_size: int, sampler: str = "per-round"
+) -> list[int]:
+    """Draw ``sample_size`` distinct partitions for one round, sorted (``sampler``: see the module docstring)."""
     pool = sorted(partitions)
     if not 0 < sample_size <= len(pool):
         raise ValueError(f"cannot sample {sample_size} of {len(pool)} clients")
-    rng = np.random.default_rng([seed, server_round])
-    chosen = rng.choice(len(pool), size=sample_size, replace=False)
+    if sampler == "per-round":
+        chosen = np.random.default_rng([seed, server_round]).choice(len(pool), size=sample_size, replace=False)
+    elif sampler == "python-sequence":
+        sequence = random.Random(seed)
+        for _ in range(server_round - 1):
+            sequence.sample(range(len(pool)), sample_size)
+        chosen = sequence.sample(range(len(pool)), sample_size)
+    else:
+        raise ValueError(f"invalid setting client-sampling = {sampler!r}; accepted: {', '.join(CLIENT_SAMPLERS)}")
     return sorted(pool[i] for i in chosen)
 
 
@@ -146,8 +170,10 @@ class NodeDirectory:
         return (0, partition) if partition >= 0 else (1, node_id)
 
 
-def sample_nodes(directory: NodeDirectory, node_ids: list[int], seed: int, server_round: int, size: int) -> list[int]:
+def sample_nodes(
+    directory: NodeDirectory, node_ids: list[int], seed: int, server_round: int, size: int, sampler: str = "per-round"
+) -> list[int]:
     """Seeded sample of ``size`` connected nodes, by their rank in partition order."""
     ranked = sorted(node_ids, key=directory.sort_key)
-    chosen = sample_partitions(seed, server_round, range(len(ranked)), size)
+    chosen = sample_partitions(seed, server_round, range(len(ranked)), size, sampler)
     return [ranked[i] for i in chosen]
