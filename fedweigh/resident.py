@@ -222,20 +222,15 @@ class ResidentExecutor:
         finally:
             self.busy.clear()
 
-    def run_task(self, spec: Any) -> None:
-        """Pull the task's input, run the app, push the reply and the context (Flower's functions)."""
-        from flwr.app import Message
-        from flwr.app.error import Error
-        from flwr.clientapp.client_app import LoadClientAppError
-        from flwr.common.constant import ErrorCode, SubStatus
-        from flwr.supercore.heartbeat import HeartbeatSender
+    def connect(self, spec: Any) -> tuple[Any, Any]:
+        """The task's Runtime API client, as ``flwr-clientapp`` makes it, and the client's retry invoker."""
         from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
         from flwr.supercore.retry import make_simple_http_retry_invoker
         from flwr.supercore.runtime import RuntimeHttpClient
         from flwr.supercore.runtime.tracing import RuntimeTracingInterceptor
         from flwr.supercore.tls import validate_and_resolve_root_certificates
-        from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
+        retry = make_simple_http_retry_invoker()
         client = RuntimeHttpClient.from_server_address(
             server_address=spec.runtime_api_address,
             insecure=spec.insecure,
@@ -245,8 +240,20 @@ class ResidentExecutor:
                 RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
                 RuntimeTokenHttpInterceptor(spec.token),
             ],
-            retry_invoker=make_simple_http_retry_invoker(),
+            retry_invoker=retry,
         )
+        return client, retry
+
+    def run_task(self, spec: Any) -> None:
+        """Pull the task's input, run the app, push the reply and the context (Flower's functions)."""
+        from flwr.app import Message
+        from flwr.app.error import Error
+        from flwr.clientapp.client_app import LoadClientAppError
+        from flwr.common.constant import ErrorCode, SubStatus
+        from flwr.supercore.heartbeat import HeartbeatSender
+        from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
+
+        client, retry = self.connect(spec)
         cancelled = threading.Event()
         heartbeat = HeartbeatSender(task_heartbeat(client, cancelled))
         started = time.monotonic()
@@ -279,10 +286,13 @@ class ResidentExecutor:
                 if reply is not None and context is not None and not cancelled.is_set():
                     push_message(client, reply, context)
             finally:
-                push_task_output(client=client, context=context, sub_status=sub_status, details=details)
-                if heartbeat.is_running:
-                    heartbeat.stop()
-                client.close()
+                retry.max_tries = 1  # as flwr-clientapp on exit: the task's end is reported once, not retried forever
+                try:
+                    push_task_output(client=client, context=context, sub_status=sub_status, details=details)
+                finally:
+                    if heartbeat.is_running:
+                        heartbeat.stop()
+                    client.close()
 
     def _client_app(self, run: Any, fab: Any) -> Any:
         """The FAB's ClientApp, installed and imported on its first task, then kept."""

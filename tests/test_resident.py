@@ -107,6 +107,33 @@ class Runtime:
 
         return SendTaskHeartbeatResponse(success=self.task_alive)
 
+    # -- what a task sends back ------------------------------------------------------
+    pushed_message = output = None
+    closed = False
+
+    def PushMessages(self, request):  # noqa: N802
+        from flwr.proto.runtime_pb2 import PushAppMessagesResponse
+        from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
+
+        self.pushed_message, self.pushed_objects = request.messages_list[0], {}
+        wanted = [tree.object_id for tree in iterate_object_tree(request.message_object_trees[0])]
+        return PushAppMessagesResponse(objects_to_push=wanted)
+
+    def PushObject(self, request):  # noqa: N802
+        from flwr.proto.message_pb2 import PushObjectResponse
+
+        self.pushed_objects[request.object_id] = request.object_content
+        return PushObjectResponse(stored=True)
+
+    def PushTaskOutput(self, request):  # noqa: N802
+        from flwr.proto.runtime_pb2 import PushTaskOutputResponse
+
+        self.output = request
+        return PushTaskOutputResponse()
+
+    def close(self):
+        self.closed = True
+
 
 @pytest.fixture
 def train_message():
@@ -181,3 +208,65 @@ def test_the_input_pull_limit_is_a_positive_number_of_seconds(monkeypatch):
         monkeypatch.setenv(resident.INPUT_PULL_ENV, bad)
         with pytest.raises(ValueError, match=f"{resident.INPUT_PULL_ENV}='{bad}': expected a positive number"):
             resident.configured_input_pull_max_time()
+
+
+class Retry:
+    max_tries = None
+
+
+class OfflineResident(resident.ResidentExecutor):
+    """The resident executor against a :class:`Runtime`, with an app that replies with its input's arrays doubled."""
+
+    def __init__(self, runtime, **kwargs):
+        super().__init__(**kwargs)
+        self.runtime, self.retry = runtime, Retry()
+
+    def connect(self, spec):
+        return self.runtime, self.retry
+
+    def _client_app(self, run, fab):
+        from flwr.app import ArrayRecord, Message, RecordDict
+
+        def app(message, context):
+            doubled = [2 * a for a in message.content["arrays"].to_numpy_ndarrays()]
+            return Message(RecordDict({"arrays": ArrayRecord(doubled)}), reply_to=message)
+
+        return app
+
+
+def ran(executor, seconds=60):
+    """One task through the executor's worker thread, as the SuperExec launches it; fails if it is still running."""
+    spec = types.SimpleNamespace(task_id=3, task_type=None)
+    worker = threading.Thread(target=executor._run, args=(spec,), daemon=True)
+    executor.busy.set()
+    worker.start()
+    worker.join(timeout=seconds)
+    assert not worker.is_alive(), f"the task still ran after {seconds} s"
+    return executor.runtime
+
+
+def test_a_task_replies_and_reports_completed(train_message):
+    from flwr.common.constant import SubStatus
+
+    runtime = ran(OfflineResident(Runtime(*train_message)))
+    assert runtime.output.sub_status == SubStatus.COMPLETED and runtime.closed
+    assert runtime.pushed_message.metadata.reply_to_message_id == train_message[0].object_id
+    assert len(runtime.pushed_objects) > 0
+
+
+def test_a_task_whose_content_never_comes_reports_failed_and_frees_the_node(train_message):
+    from flwr.common.constant import SubStatus
+
+    executor = OfflineResident(Runtime(*train_message, available=False), input_pull_max_time=0.5)
+    runtime = ran(executor)
+    assert runtime.output.sub_status == SubStatus.FAILED and "ObjectPullError" in runtime.output.details
+    assert runtime.pushed_message is None and runtime.closed and not executor.busy.is_set()
+    assert executor.retry.max_tries == 1  # the failure is reported once, as flwr-clientapp does on exit
+    assert executor.get_eligible_capacity({"clientapp"}) == ({"clientapp"}, set())  # the node takes the next task
+
+
+def test_a_task_the_supernode_ended_sends_no_reply(train_message):
+    from flwr.common.constant import SubStatus
+
+    runtime = ran(OfflineResident(Runtime(*train_message, available=False, task_alive=False)))
+    assert runtime.output.sub_status == SubStatus.FAILED and runtime.pushed_message is None and runtime.closed
