@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import copy
 import functools
+import importlib.metadata
 import re
 import subprocess
 import sys
@@ -432,9 +433,12 @@ def test_resident_variant_keeps_one_clientapp_process_per_site():
     assert "COPY --chown=app:app fedweigh/resident.py /app/bin/fedweigh_resident.py" in dockerfile
     assert "exec python /app/bin/fedweigh_resident.py" in dockerfile and "/app/bin/fedweigh-superexec" in dockerfile
     assert "!fedweigh/resident.py" in (REPO / ".dockerignore").read_text().splitlines()
-    # The image has Flower and the app's dependencies, not the app: the file must stand alone.
+    # The image has Flower (with what Flower itself requires) and the app's dependencies, not the app: the file must
+    # stand alone, importing only Flower, Flower's own requirements (httpx, its Runtime API client) and the stdlib.
     tree = ast.parse((REPO / "fedweigh" / "resident.py").read_text())
     nodes = list(ast.walk(tree))
     imported = {alias.name.split(".")[0] for n in nodes if isinstance(n, ast.Import) for alias in n.names}
     imported |= {n.module.split(".")[0] for n in nodes if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported <= {"__future__", "flwr", *sys.stdlib_module_names}, imported
+    flower_requires = {re.split(r"[ <>=!~;\[]", r)[0] for r in importlib.metadata.requires("flwr") if "extra" not in r}
+    assert "httpx" in flower_requires
+    assert imported <= {"__future__", "flwr", *flower_requires, *sys.stdlib_module_names}, imported
