@@ -60,6 +60,7 @@ from fedweigh.models import on_device
 from fedweigh.models.finetuning import exchanged_state, frozen_digest, load_exchanged_state
 from fedweigh.protocol import (
     ARRAYS,
+    CLIENT_SECONDS,
     CLIENT_STEPS,
     CONFIG,
     DATA_DIR,
@@ -205,6 +206,7 @@ def describe(message: Message, context: Context) -> Message:
 @app.train()
 def train(message: Message, context: Context) -> Message:
     """Run the instruction in the train ConfigRecord and reply with model and signals."""
+    started = time.perf_counter()
     settings, model, device = _setup(message, context)
     config = dict(message.content[CONFIG])
     recipe = TrainRecipe.from_config(config)
@@ -267,7 +269,9 @@ def train(message: Message, context: Context) -> Message:
         arrays = corrupt_arrays(fault, arrays, settings.faults.scale)
         steps = list(config.get(CLIENT_STEPS, []))
         metrics = corrupt_metrics(fault, metrics, steps, server_round, settings.max_staleness)
-    reply = Message(RecordDict({ARRAYS: ArrayRecord(arrays), METRICS: MetricRecord(metrics)}), reply_to=message)
+    arrays_record = ArrayRecord(arrays)
+    metrics[CLIENT_SECONDS] = time.perf_counter() - started
+    reply = Message(RecordDict({ARRAYS: arrays_record, METRICS: MetricRecord(metrics)}), reply_to=message)
     if fault == "stall":  # past the round's timeout: the server has closed the round without this reply
         time.sleep(settings.round_timeout + 1.0)
     return reply

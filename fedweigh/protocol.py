@@ -145,7 +145,11 @@ TRAIN_SECONDS = "train-seconds"
 """Wall time of local training."""
 MC_SECONDS = "mc-seconds"
 """Wall time of UFL's MC-dropout passes."""
-TIMING_KEYS = (TRAIN_SECONDS, MC_SECONDS)
+CLIENT_SECONDS = "client-seconds"
+"""Wall time of the ClientApp's train handler, from its start to the reply built (training and client steps
+included; what carries the message to and from the ClientApp is not): the round's wait for replies less this
+is the transport (``fedweigh benchmark overhead``)."""
+TIMING_KEYS = (TRAIN_SECONDS, MC_SECONDS, CLIENT_SECONDS)
 """Reply metrics that measure wall time: the only ones that differ between two runs of one config and seed."""
 EVAL_LOSS = "eval_loss"
 EVAL_ACCURACY = "eval_acc"

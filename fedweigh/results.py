@@ -83,7 +83,12 @@ FINAL_U_TAIL = (FINAL_U_P95, FINAL_U_ABOVE_1)
 CENTRAL_METRICS = ("accuracy", "loss", "macro_f1", WEIGHTED_F1, TOP5_ACCURACY, "prediction_share")
 """metrics.jsonl: the fields of the server's central evaluation (rounds that evaluate), as the trackers group them."""
 
-TIMING_FIELDS = ("seconds", *TIMING_KEYS)
+WAIT_SECONDS = "wait_seconds"
+"""metrics.jsonl: the round's wait for its train replies, from the instructions handed to the grid to their
+aggregation (``seconds`` less this is the server's own work: sampling, aggregation, evaluation, recording)."""
+EVALUATE_SECONDS = "evaluate_seconds"
+"""metrics.jsonl: the central evaluation's part of the round's ``seconds`` (rounds that evaluate)."""
+TIMING_FIELDS = ("seconds", WAIT_SECONDS, EVALUATE_SECONDS, *TIMING_KEYS)
 """The fields of metrics.jsonl and summary.json that measure wall time; everything else is determined
 by the run config and seed (on CPU)."""
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 
 import torch
@@ -29,9 +30,11 @@ from fedweigh.models.finetuning import exchanged_state, frozen_digest, load_exch
 from fedweigh.preflight import check_run, data_problems
 from fedweigh.results import (
     CHECKPOINT_FILE,
+    EVALUATE_SECONDS,
     FINAL_U_ABOVE_1,
     FINAL_U_P95,
     TOP5_ACCURACY,
+    WAIT_SECONDS,
     WEIGHTED_F1,
     Checkpoint,
     CheckpointWriter,
@@ -78,10 +81,12 @@ def central_evaluation(
         row: dict[str, object] = {"round": current}
         result = None
         if current % settings.evaluate_every == 0 or current == settings.num_server_rounds:
+            started = time.perf_counter()
             load_exchanged_state(model, arrays.to_torch_state_dict())
             result = evaluate(model, test, transform, device, settings.eval_batch_size, settings.mixed_precision)
             row.update(
                 {
+                    EVALUATE_SECONDS: time.perf_counter() - started,
                     "accuracy": result.accuracy,
                     "loss": result.loss,
                     "macro_f1": result.macro_f1,
@@ -100,6 +105,7 @@ def central_evaluation(
                 "aggregated": record.aggregated if record else False,
                 "in_flight": record.in_flight if record else [],
                 "excluded": record.excluded if record else 0,
+                WAIT_SECONDS: record.wait_seconds if record else None,
                 "diagnostics": record.diagnostics if record else {},
             }
         )

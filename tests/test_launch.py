@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import tomllib
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -389,8 +390,8 @@ def test_superlink_command_disables_uv_sync():
 
 def test_flwr_run_command(tmp_path: Path):
     cmd = flwr_run_command(tmp_path, "fedweigh-sim", "num-supernodes=2", {"seed": 1})
-    assert Path(cmd[0]).name == "flwr"
-    assert cmd[1:4] == ["run", str(tmp_path), "fedweigh-sim"]
+    assert cmd[:3] == [sys.executable, "-m", "fedweigh.launch.flwr_cli"]  # Flower's CLI, see test_flwr_cli.py
+    assert cmd[3:6] == ["run", str(tmp_path), "fedweigh-sim"]
     assert cmd[cmd.index("--federation-config") + 1] == "num-supernodes=2"
     assert cmd[cmd.index("--run-config") + 1] == "seed=1"
     assert cmd[-1] == "--stream"

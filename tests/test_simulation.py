@@ -169,6 +169,9 @@ def test_results_folder_is_complete(runs):
         assert len(row["sampled"]) == 2 and len(row["clients"]) == 2
         assert sum(client["weight"] for client in row["clients"]) == pytest.approx(1.0)
         assert all(client["staleness"] == 0 for client in row["clients"])
+        # the round's wait for replies holds each client's whole handler, which holds its training
+        assert 0 < row["wait_seconds"] <= row["seconds"] and 0 < row["evaluate_seconds"] <= row["seconds"]
+        assert all(0 < c["train-seconds"] <= c["client-seconds"] <= row["wait_seconds"] for c in row["clients"])
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["final_accuracy"] == rows[-1]["accuracy"] and summary["rounds"] == 3
     state = torch.load(folder / "model.pt")

@@ -109,9 +109,19 @@ class Federation:
 @pytest.fixture(autouse=True)
 def task_identity() -> Iterator[None]:
     """Flower's simulation names the task it runs as (``Federation`` does as run_simulation does); put it back."""
-    kept = (TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id)
+    names = ("task_id", "run_id", "node_id")
+    kept = {name: _identity(name) for name in names}
     yield
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = kept
+    for name in names:
+        setattr(TaskIdentity, name, kept[name])  # None again where this process had none yet
+
+
+def _identity(name: str) -> int | None:
+    """``TaskIdentity``'s ``name``, None where this process has not set it (its getter raises then)."""
+    try:
+        return getattr(TaskIdentity, name)
+    except RuntimeError:
+        return None
 
 
 @pytest.fixture

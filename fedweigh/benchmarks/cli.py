@@ -110,12 +110,55 @@ def _overhead_table(settings: list[dict[str, Any]], gpu: bool) -> str:
     return markdown_table(header, rows)
 
 
+_PARTS = ("training", "client_other", "transport", "evaluation", "server_other", "round")
+
+
+def _breakdown_table(settings: list[dict[str, Any]]) -> str:
+    """Each setting's round split (:func:`fedweigh.benchmarks.overhead.round_breakdown`) and Ray's floor, in ms."""
+    from fedweigh.benchmarks.common import markdown_table
+
+    def ms(value: float | None) -> str:
+        return "–" if value is None else f"{1e3 * value:.0f}"
+
+    rows = []
+    for r in settings:
+        split = r["round_breakdown"]
+        floor = r.get("ray_floor") or {}
+        rows.append(
+            [
+                f"{r['setting']} ({r['rounds']})",
+                *[f"{ms(split['simulation'][p])} / {ms(split['bare'][p])}" for p in _PARTS],
+                _fmt(split["messages_per_round"], 1),
+                _fmt(split["transport_ms_per_message"], 1),
+                _fmt(floor.get("default", {}).get("median_ms"), 1),
+                _fmt(floor.get("inline_8mib", {}).get("median_ms"), 1),
+            ]
+        )
+    header = [
+        "setting (rounds)",
+        "training",
+        "client handler, rest",
+        "transport",
+        "central evaluation",
+        "server, rest",
+        "round",
+        "messages/round",
+        "transport ms/message",
+        "Ray floor ms/call",
+        "Ray floor, 8 MiB inline",
+    ]
+    return markdown_table(header, rows)
+
+
 def render_table(name: str, report: dict[str, Any]) -> str:
     """The markdown table of one benchmark's report."""
     from fedweigh.benchmarks.common import markdown_table
 
     if name in ("overhead", "gpu-overhead"):
         table = _overhead_table(report["settings"], gpu=name == "gpu-overhead")
+        if breakdowns := [r for r in report["settings"] if r.get("round_breakdown")]:
+            table += "\n\nWhere a round goes (rounds 2..T, mean ms per round; simulation / bare loop):\n\n"
+            table += _breakdown_table(breakdowns)
         if fine_tuning := report.get("fine_tuning"):
             table += "\n\nThe pretrained models' client step on the GPU:\n\n" + render_table("fine-tuning", fine_tuning)
         if peer := report.get("peer"):

@@ -380,7 +380,25 @@ class TimedRun:
 
     def train_seconds(self) -> list[float]:
         """Per round: the summed ``train-seconds`` the clients report."""
-        return [sum(float(c.get("train-seconds", 0.0)) for c in row.get("clients", [])) for row in self.rows]
+        from fedweigh.protocol import TRAIN_SECONDS
+
+        return self.summed(TRAIN_SECONDS)
+
+    def summed(self, key: str) -> list[float]:
+        """Per round: the sum of the reply metric ``key`` over the round's clients (0 where none reports it)."""
+        return [sum(float(c.get(key, 0.0)) for c in row.get("clients", [])) for row in self.rows]
+
+    def wait_seconds(self) -> list[float]:
+        """Per round: the server's wait for the train replies (metrics.jsonl's ``wait_seconds``; 0 if absent)."""
+        from fedweigh.results import WAIT_SECONDS
+
+        return [float(row.get(WAIT_SECONDS) or 0.0) for row in self.rows]
+
+    def evaluate_seconds(self) -> list[float]:
+        """Per round: the central evaluation's seconds (metrics.jsonl's ``evaluate_seconds``; 0 if absent)."""
+        from fedweigh.results import EVALUATE_SECONDS
+
+        return [float(row.get(EVALUATE_SECONDS) or 0.0) for row in self.rows]
 
     def accuracies(self) -> list[float]:
         return [float(row["accuracy"]) for row in self.rows]

@@ -39,10 +39,25 @@ from typing import Any
 import numpy as np
 
 from fedweigh.benchmarks.common import APP_DIR, CpuSampler, Setting, run_timed, simulation_roots
+from fedweigh.benchmarks.ray_floor import ray_round_trip
+from fedweigh.protocol import CLIENT_SECONDS
 
-__all__ = ["TARGET_RATIO", "federation_overhead", "rounds_to_target", "run_bare", "vanilla_peer", "warm_data_cache"]
+__all__ = [
+    "INLINE_LIMIT_ENV",
+    "TARGET_RATIO",
+    "federation_overhead",
+    "round_breakdown",
+    "rounds_to_target",
+    "run_bare",
+    "vanilla_peer",
+    "warm_data_cache",
+]
 
 TARGET_RATIO = 1.3
+
+INLINE_LIMIT_ENV = {"RAY_max_direct_call_object_size": str(8 * 2**20)}
+"""Ray's limit for passing an argument or result inside the call instead of through its object store (100 KiB
+by default), raised to 8 MiB: the Ray floor is measured with both."""
 
 
 def warm_data_cache(run_config: Mapping[str, Any], num_partitions: int) -> None:
@@ -85,6 +100,75 @@ def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
+def round_breakdown(timed: Any, bare_rounds: list[Mapping[str, float]]) -> dict[str, Any]:
+    """Where a round's time goes on each side: mean seconds per round over rounds 2..T.
+
+    Simulation (``timed``, a :class:`~fedweigh.benchmarks.common.TimedRun`):
+
+    * ``training``: the clients' ``train-seconds``;
+    * ``client_other``: the rest of the ClientApp's train handler
+      (``client-seconds`` less training: the model loaded from the message,
+      data looked up, the reply's arrays built);
+    * ``transport``: the server's wait for the replies less the handlers,
+      i.e. Flower and Ray carrying each message to the ClientApp and its reply
+      back (exact with one ClientApp actor, which handles the round's
+      messages one after the other);
+    * ``evaluation``: the central evaluation (the model loaded and tested);
+    * ``server_other``: the rest of the round, outside that wait (sampling,
+      instructions, reply checks, aggregation, recording, checkpoint).
+
+    Bare loop: ``training``; ``client_other`` (per client: the cached
+    partition, loading the global model, copying the result);
+    ``evaluation``; ``server_other`` (sampling and aggregation).
+    ``difference`` is simulation less bare.
+    """
+    rows = timed.rows[1:]
+    seconds = timed.round_seconds()[1:]
+    waits = timed.wait_seconds()[1:]
+    handlers = timed.summed(CLIENT_SECONDS)[1:]
+    training = timed.train_seconds()[1:]
+    evaluation = timed.evaluate_seconds()[1:]
+    sim = {
+        "training": _mean(training),
+        "client_other": _mean([h - t for h, t in zip(handlers, training, strict=True)]),
+        "transport": _mean([w - h for w, h in zip(waits, handlers, strict=True)]),
+        "evaluation": _mean(evaluation),
+        "server_other": _mean([s - w - e for s, w, e in zip(seconds, waits, evaluation, strict=True)]),
+        "round": _mean(seconds),
+    }
+    later = bare_rounds[1:]
+    bare = {
+        "training": _mean([r["train_seconds"] for r in later]),
+        "client_other": _mean(
+            [r["seconds"] - r["train_seconds"] - r["aggregate_seconds"] - r["evaluate_seconds"] for r in later]
+        ),
+        "transport": 0.0,
+        "evaluation": _mean([r["evaluate_seconds"] for r in later]),
+        "server_other": _mean([r["aggregate_seconds"] for r in later]),
+        "round": _mean([r["seconds"] for r in later]),
+    }
+    messages = _mean([len(row.get("clients", [])) for row in rows]) or 0.0
+    message_bytes = _mean([float(c.get("bytes_sent", 0)) for row in rows for c in row.get("clients", [])]) or 0.0
+
+    def rounded(part: dict[str, float | None]) -> dict[str, float | None]:
+        return {key: None if value is None else round(value, 4) for key, value in part.items()}
+
+    difference = {
+        key: None if sim[key] is None or bare[key] is None else sim[key] - bare[key]  # type: ignore[operator]
+        for key in sim
+    }
+    transport = sim["transport"]
+    per_message = round(1e3 * transport / messages, 2) if transport is not None and messages else None
+    return {
+        "simulation": rounded(sim),
+        "bare": rounded(bare),
+        "difference": rounded(difference),
+        "messages_per_round": round(messages, 2),
+        "message_bytes": int(message_bytes),
+        "transport_ms_per_message": per_message,
+    }
+
+
 def rounds_to_target(
     sim_fixed: float, sim_round: float | None, bare_fixed: float, bare_round: float | None, target: float = TARGET_RATIO
 ) -> float | None:
@@ -101,6 +185,19 @@ def rounds_to_target(
     if margin <= 0:
         return None
     return max(0.0, (sim_fixed - target * bare_fixed) / margin)
+
+
+_FLOORS: dict[int, dict[str, Any]] = {}
+
+
+def _ray_floor(nbytes: int) -> dict[str, Any]:
+    """A Ray actor call carrying ``nbytes`` each way, with Ray's defaults and with the inline limit raised (cached)."""
+    if nbytes not in _FLOORS:
+        _FLOORS[nbytes] = {
+            "default": ray_round_trip(nbytes),
+            "inline_8mib": ray_round_trip(nbytes, env=INLINE_LIMIT_ENV),
+        }
+    return _FLOORS[nbytes]
 
 
 def federation_overhead(
@@ -166,6 +263,8 @@ def federation_overhead(
     bare_train = [r["train_seconds"] for r in bare["rounds"]]
     later_sim, later_bare = _mean(sim_rounds[1:]), _mean(bare_rounds[1:])
     phases = timed.phases()
+    breakdown = round_breakdown(timed, bare["rounds"])
+    floor = _ray_floor(breakdown["message_bytes"]) if breakdown["message_bytes"] else None
     sim_fixed = timed.wall_seconds - sum(sim_rounds)
     bare_fixed = bare["process_seconds"] - sum(bare_rounds)
     return {
@@ -187,6 +286,8 @@ def federation_overhead(
         "rounds_to_target": rounds_to_target(sim_fixed, later_sim, bare_fixed, later_bare),
         "train_seconds_per_round_simulation": [round(s, 3) for s in sim_train],
         "train_seconds_per_round_bare": [round(s, 3) for s in bare_train],
+        "round_breakdown": breakdown,
+        "ray_floor": floor,
         "simulation_phases": phases,
         "bare_phases": {
             "process_start_and_imports": round(

@@ -42,8 +42,8 @@ from fedweigh.data.row_partitioner import MAX_DRAWS, check_minimum, no_split
 
 def deal_class(
     positions: np.ndarray, clients: list[list[int]], alpha: float, cap: float, rng: np.random.RandomState
-) -> list[list[int]] | None:
-    """One class's positions appended to the clients' (step 2 above); ``None`` when the draw cannot be used.
+) -> bool:
+    """Append one class's positions to the clients' (step 2 above); False when the draw cannot be used.
 
     Shuffles ``positions`` in place and draws one Dirichlet vector, in that
     order. A draw whose shares of the clients below the cap are all zero
@@ -55,11 +55,11 @@ def deal_class(
     shares = shares * np.array([len(held) < cap for held in clients])
     total = shares.sum()
     if not total > 0:
-        return None
+        return False
     cuts = (np.cumsum(shares / total) * len(positions)).astype(int)[:-1]
     for held, piece in zip(clients, np.split(positions, cuts), strict=True):
         held.extend(piece.tolist())
-    return clients
+    return True
 
 
 def niid_bench_dirichlet(
@@ -80,11 +80,8 @@ def niid_bench_dirichlet(
     classes = np.unique(labels)
     cap = len(labels) / num_partitions
     for _ in range(MAX_DRAWS):
-        clients: list[list[int]] | None = [[] for _ in range(num_partitions)]
-        for label in classes:
-            clients = deal_class(np.flatnonzero(labels == label), clients, alpha, cap, rng)
-            if clients is None:
-                break
-        if clients is not None and min(map(len, clients)) >= min_size:
+        clients: list[list[int]] = [[] for _ in range(num_partitions)]
+        usable = all(deal_class(np.flatnonzero(labels == label), clients, alpha, cap, rng) for label in classes)
+        if usable and min(map(len, clients)) >= min_size:
             return [np.asarray(held, dtype=np.int64) for held in clients]
     raise no_split("niid-bench-dirichlet", min_size, alpha, num_partitions)

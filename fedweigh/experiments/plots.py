@@ -29,7 +29,7 @@ from matplotlib.ticker import MaxNLocator
 
 from fedweigh.experiments.runs import RunResult
 from fedweigh.experiments.spec import Experiment
-from fedweigh.protocol import REPLY_KEYS, TRAIN_SECONDS
+from fedweigh.protocol import REPLY_KEYS, TIMING_KEYS
 
 __all__ = [
     "NOT_SIGNALS",
@@ -45,8 +45,9 @@ __all__ = [
     "signal_keys",
 ]
 
-NOT_SIGNALS = frozenset({"partition", "node", "num_examples", "weight", "staleness", *REPLY_KEYS, TRAIN_SECONDS})
-"""Client-record keys that are bookkeeping, not a strategy's signal (``train_loss`` is one only for loss rules)."""
+NOT_SIGNALS = frozenset({"partition", "node", "num_examples", "weight", "staleness", *REPLY_KEYS, *TIMING_KEYS})
+"""Client-record keys that are bookkeeping or wall time, not a strategy's signal (``train_loss`` is one only for
+loss rules)."""
 
 UNCERTAINTY_PERCENTILES = ("u-p50", "u-p90", "u-p95", "u-p99")
 OUI_KEYS = ("oui",)

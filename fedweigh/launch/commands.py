@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fedweigh.launch.flwr_cli import FLWR_CLI
 from fedweigh.launch.runconfig import build_run_config_arg
 
 DEFAULT_NUM_SUPERNODES = 10
@@ -94,8 +95,12 @@ def flwr_run_command(
     run_config: Mapping[str, Any] | str,
     stream: bool = True,
 ) -> list[str]:
-    """``flwr run <app> <connection> --federation-config ... --run-config ... --stream``."""
-    cmd = [executable("flwr"), "run", str(app_dir), connection]
+    """``flwr run <app> <connection> --federation-config ... --run-config ... --stream``.
+
+    Flower's CLI, started as :data:`~fedweigh.launch.flwr_cli.FLWR_CLI`: the
+    same FAB, built without walking the project's virtual environment.
+    """
+    cmd = [*FLWR_CLI, "run", str(app_dir), connection]
     cmd += ["--federation-config", federation_config]
     run_cfg = run_config if isinstance(run_config, str) else build_run_config_arg(run_config)
     if run_cfg:

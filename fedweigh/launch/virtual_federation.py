@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from fedweigh.launch.commands import parse_run_id, parse_run_status, simulation_env
+from fedweigh.launch.flwr_cli import FLWR_CLI
 from fedweigh.launch.processes import ProcessTree, descendants, free_port
 from fedweigh.launch.runconfig import build_run_config_arg
 
@@ -509,7 +510,7 @@ class Federation:
 
     def submit(self, run_config: Mapping[str, object], name: str) -> RunHandle:
         """``flwr run <repo> federation --run-config ... --stream`` from the operator host."""
-        argv = ["flwr", "run", REPO, CONNECTION, "--run-config", build_run_config_arg(run_config), "--stream"]
+        argv = [*FLWR_CLI, "run", REPO, CONNECTION, "--run-config", build_run_config_arg(run_config), "--stream"]
         process = self.start(f"run-{name}", "operator", argv)
         return RunHandle(process)
 

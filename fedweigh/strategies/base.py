@@ -38,6 +38,7 @@ rounds) may need.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -86,6 +87,7 @@ class RoundRecord:
     in_flight: list[int] = field(default_factory=list)  # partitions whose update is still on its way
     faults: dict[str, str] = field(default_factory=dict)  # fault injection: partition -> its fault
     excluded: int = 0  # clients left out this round, whatever the reason (len(left_out))
+    wait_seconds: float | None = None  # from the instructions handed to the grid to the replies' aggregation
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -178,6 +180,7 @@ class WeightedFedAvg(FedAvg):
         self.records: dict[int, RoundRecord] = {}
         self.global_models: dict[int, NamedArrays] = {}  # round -> the global model it sent
         self._sent: list[Message] = []  # this round's train instructions (the grid gives them ids)
+        self._handed_over: float | None = None  # when configure_train returned them (time.perf_counter)
 
     # -- Flower's template methods ---------------------------------------------
 
@@ -236,6 +239,18 @@ class WeightedFedAvg(FedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Sample idle clients reproducibly and send them the model, the recipe and the round's values.
+
+        The instructions are timed from here, when they go to the grid, to
+        :meth:`aggregate_train` (the round record's ``wait_seconds``).
+        """
+        instructions = self._configure_train(server_round, arrays, config, grid)
+        self._handed_over = time.perf_counter()
+        return instructions
+
+    def _configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
+        """:meth:`configure_train`'s work.
 
         With simulated delays, a sampled client whose update is late is sent
         nothing yet: it gets its instruction (the model and values of the
@@ -367,6 +382,9 @@ class WeightedFedAvg(FedAvg):
         """Check replies, hold back or release delayed ones, weigh them with the rule, apply the server update."""
         current = server_round + self.round_offset
         record = self.records.setdefault(current, RoundRecord(round=current))
+        if self._handed_over is not None:
+            record.wait_seconds = time.perf_counter() - self._handed_over
+            self._handed_over = None
         reference = self.global_models.get(current)
         if reference is None:
             raise RuntimeError(f"round {current} is aggregated but was never configured")
