@@ -45,7 +45,7 @@ def _app(root: Path, gitignore: str) -> Path:
     (root / ".gitignore").write_text(gitignore)
     for name in ("a.py", "build/keep.py", "build/drop.py", ".venv/lib/x.py", "pkg/__pycache__/m.py", "pkg/m.py"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text("x = 1\n")
+        (root / name).write_text("b = c = 1\n")  # a.py holds the components pyproject.toml names
     return root
 
 
@@ -67,11 +67,18 @@ def test_an_ignored_directory_is_skipped_unless_something_in_it_may_be_included_
 
 
 def test_flwr_cli_is_flower_s_cli_and_builds_the_fab_flower_would(tmp_path):
+    # `flwr build` takes the app's name from its folder, which must be a valid app name (not a clone's tmp.* folder)
+    app = tmp_path / "tinyapp"
+    app.mkdir()
+    _app(app, "build/\n")
+    out = tmp_path / "out"
+    out.mkdir()
     done = subprocess.run(
-        [*FLWR_CLI, "build", "--app", str(REPO)], cwd=tmp_path, capture_output=True, text=True, check=False, timeout=120
+        [*FLWR_CLI, "build", "--app", str(app)], cwd=out, capture_output=True, text=True, check=False, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    (fab,) = tmp_path.glob("*.fab")
+    (fab,) = out.glob("*.fab")
     with zipfile.ZipFile(fab) as archive:
         built = {name: archive.read(name) for name in archive.namelist()}
-    assert built == _fab_members(collect_files(REPO))
+    assert built == _fab_members(collect_files(app))
+    assert "a.py" in built and "build/drop.py" not in built and ".venv/lib/x.py" not in built
