@@ -388,17 +388,9 @@ class TimedRun:
         """Per round: the sum of the reply metric ``key`` over the round's clients (0 where none reports it)."""
         return [sum(float(c.get(key, 0.0)) for c in row.get("clients", [])) for row in self.rows]
 
-    def wait_seconds(self) -> list[float]:
-        """Per round: the server's wait for the train replies (metrics.jsonl's ``wait_seconds``; 0 if absent)."""
-        from fedweigh.results import WAIT_SECONDS
-
-        return [float(row.get(WAIT_SECONDS) or 0.0) for row in self.rows]
-
-    def evaluate_seconds(self) -> list[float]:
-        """Per round: the central evaluation's seconds (metrics.jsonl's ``evaluate_seconds``; 0 if absent)."""
-        from fedweigh.results import EVALUATE_SECONDS
-
-        return [float(row.get(EVALUATE_SECONDS) or 0.0) for row in self.rows]
+    def round_field(self, key: str) -> list[float]:
+        """Per round: metrics.jsonl's number ``key`` (e.g. ``wait_seconds``), 0 where a round has none."""
+        return [float(row.get(key) or 0.0) for row in self.rows]
 
     def accuracies(self) -> list[float]:
         return [float(row["accuracy"]) for row in self.rows]

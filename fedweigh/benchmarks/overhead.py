@@ -25,6 +25,7 @@ daemons, the SuperLink), against the bare loop's CPU seconds.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import resource
@@ -41,6 +42,7 @@ import numpy as np
 from fedweigh.benchmarks.common import APP_DIR, CpuSampler, Setting, run_timed, simulation_roots
 from fedweigh.benchmarks.ray_floor import ray_round_trip
 from fedweigh.protocol import CLIENT_SECONDS
+from fedweigh.results import EVALUATE_SECONDS, WAIT_SECONDS
 
 __all__ = [
     "INLINE_LIMIT_ENV",
@@ -124,10 +126,10 @@ def round_breakdown(timed: Any, bare_rounds: list[Mapping[str, float]]) -> dict[
     """
     rows = timed.rows[1:]
     seconds = timed.round_seconds()[1:]
-    waits = timed.wait_seconds()[1:]
+    waits = timed.round_field(WAIT_SECONDS)[1:]
     handlers = timed.summed(CLIENT_SECONDS)[1:]
     training = timed.train_seconds()[1:]
-    evaluation = timed.evaluate_seconds()[1:]
+    evaluation = timed.round_field(EVALUATE_SECONDS)[1:]
     sim = {
         "training": _mean(training),
         "client_other": _mean([h - t for h, t in zip(handlers, training, strict=True)]),
@@ -187,17 +189,13 @@ def rounds_to_target(
     return max(0.0, (sim_fixed - target * bare_fixed) / margin)
 
 
-_FLOORS: dict[int, dict[str, Any]] = {}
-
-
+@functools.cache
 def _ray_floor(nbytes: int) -> dict[str, Any]:
-    """A Ray actor call carrying ``nbytes`` each way, with Ray's defaults and with the inline limit raised (cached)."""
-    if nbytes not in _FLOORS:
-        _FLOORS[nbytes] = {
-            "default": ray_round_trip(nbytes),
-            "inline_8mib": ray_round_trip(nbytes, env=INLINE_LIMIT_ENV),
-        }
-    return _FLOORS[nbytes]
+    """A Ray actor call carrying ``nbytes`` each way, with Ray's defaults and with the inline limit raised.
+
+    Measured once per size in a benchmark run (the settings share their model's size).
+    """
+    return {"default": ray_round_trip(nbytes), "inline_8mib": ray_round_trip(nbytes, env=INLINE_LIMIT_ENV)}
 
 
 def federation_overhead(

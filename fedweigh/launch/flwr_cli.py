@@ -5,7 +5,7 @@
 every file, and only then drops what the FAB leaves out (Flower's own
 exclusions ``.venv/``, ``.flwr/``, ``__pycache__/``, and what the app's
 ``.gitignore`` ignores). With a virtual environment inside the project, as
-the README sets it up, that is some 65,000 files walked for about 300 kept:
+the README sets it up, that is some 65,000 files walked for about 200 kept:
 4-5 s of every ``flwr run`` on a 2-core machine (``docs/benchmarks.md``,
 section 1).
 
@@ -34,7 +34,7 @@ from pathspec import PathSpec
 __all__ = ["FLWR_CLI", "SUPPORTED_FLOWER", "collect_app_files", "main"]
 
 SUPPORTED_FLOWER = "1.41."
-"""The Flower versions whose ``collect_files`` this module was checked against (tests/test_launch.py)."""
+"""The Flower versions whose ``collect_files`` this module was checked against (tests/test_flwr_cli.py)."""
 
 FLWR_CLI = (sys.executable, "-m", "fedweigh.launch.flwr_cli")
 """The command that stands for ``flwr``."""
