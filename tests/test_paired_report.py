@@ -13,11 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_experiments import DEFAULTS, experiment_table, failure, planned, write_run
 
+from fedweigh.cli import main
 from fedweigh.client.ufl import model_uncertainty, u_tail
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.experiments.report import paired_difference, write_report
 from fedweigh.experiments.runs import final_u_tail
-from fedweigh.experiments.spec import load_experiment
+from fedweigh.experiments.spec import ExperimentError, load_experiment
 from fedweigh.models.mlp import DigitsMLP
 from fedweigh.preflight import check_run
 from fedweigh.results import FINAL_U_ABOVE_1, FINAL_U_P95, SUMMARY_FILE
@@ -102,6 +103,112 @@ def test_no_reference_arm_no_paired_table_and_a_missing_reference_is_said(tmp_pa
             (run.run_dir / SUMMARY_FILE).unlink()
     summary = write_report(experiment, runs, tmp_path / "gone", plots=False).summary_md.read_text()
     assert "the reference arm fedavg has no finished run" in summary
+
+
+# ------------------------------------------------------------------ runs read from an earlier report
+
+
+def _table_lines(summary: str) -> list[str]:
+    return [line for line in summary.splitlines() if line.startswith("| ")]
+
+
+def _csv_rows(path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_seeds_whose_folders_are_gone_come_back_from_the_earlier_results_csv(tmp_path):
+    experiment, runs = grid_with_reference(tmp_path / "grid", "fedavg")
+    whole = write_report(experiment, runs, tmp_path / "whole", plots=False)
+    for run in runs:
+        if run.seed == 1:  # seed 1 ran long ago; only its report is left
+            for file in run.run_dir.iterdir():
+                file.unlink()
+    partial = write_report(experiment, runs, tmp_path / "partial", plots=False).summary_md.read_text()
+    assert "Not in the table" in partial and "| fedoui | 1 |" in partial
+
+    merged = write_report(experiment, runs, tmp_path / "merged", plots=False, earlier=[whole.results_csv])
+    text = merged.summary_md.read_text()
+    # every table, the paired one included, is what the report over all the folders had
+    assert _table_lines(text) == _table_lines(whole.summary_md.read_text())
+    assert "| fedoui | 2 | +0.0000 ± 0.0500 (1/0/1) | +0.0333 ± 0.0167 (2/0/0) |" in text
+    assert "Not in the table" not in text
+    assert f"- fedavg-seed1: {whole.results_csv}" in text and f"- fedoui-seed1: {whole.results_csv}" in text
+    assert "fedavg-seed2: " not in text.split("Read from earlier reports")[1]
+    # results.csv: the same rows, the recorded ones pointing at the folders they were run in
+    assert _csv_rows(merged.results_csv) == _csv_rows(whole.results_csv)
+    # the rows of seed 1 have no rounds here, so the sampling check covers seed 2 only
+    assert merged.sampling.lines == ("seed 2: the same clients in all 3 rounds for fedavg, fedoui",)
+
+
+def test_a_folder_with_a_finished_run_wins_over_the_earlier_row(tmp_path):
+    experiment, runs = grid_with_reference(tmp_path / "grid", "fedavg")
+    earlier = write_report(experiment, runs, tmp_path / "earlier", plots=False).results_csv
+    rows = _csv_rows(earlier)
+    for row in rows:
+        row["final_accuracy"] = "0.999000"  # a stale copy says otherwise
+    with earlier.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    merged = write_report(experiment, runs, tmp_path / "merged", plots=False, earlier=[earlier])
+    assert [r.source for r in merged.results] == [None] * 4
+    assert "0.999" not in merged.results_csv.read_text()
+
+
+def test_an_earlier_results_csv_of_another_grid_is_refused_before_anything_is_written(tmp_path):
+    experiment, runs = grid_with_reference(tmp_path / "grid", "fedavg")
+    earlier = write_report(experiment, runs, tmp_path / "earlier", plots=False).results_csv
+    rows = _csv_rows(earlier)
+
+    def refused(change, *expected):
+        changed = [dict(row) for row in rows]
+        change(changed)
+        path = tmp_path / "changed.csv"
+        with path.open("w", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(changed[0]))
+            writer.writeheader()
+            writer.writerows(changed)
+        with pytest.raises(ExperimentError) as caught:
+            write_report(experiment, runs, tmp_path / "never", plots=False, earlier=[path])
+        assert not (tmp_path / "never").exists()
+        for text in expected:
+            assert text in str(caught.value)
+
+    refused(
+        lambda r: r[0].update(experiment="other"),
+        "changed.csv:\n",
+        "line 2: a row of experiment 'other'; accepted: 'demo'",
+    )
+    refused(lambda r: r[2].update(best_accuracy="n/a"), "line 4: could not convert string to float: 'n/a'")
+    refused(
+        lambda r: r[1].update(rounds="5"),
+        "fedoui-seed1: strategy 'fedoui' over 5 rounds; accepted: 'fedoui' over 3 rounds",
+    )
+    refused(lambda r: [row.pop("mean_accuracy") for row in r], "no column mean_accuracy")
+    with pytest.raises(ExperimentError, match="nowhere.csv: cannot be read"):
+        write_report(experiment, runs, tmp_path / "never", plots=False, earlier=[tmp_path / "nowhere.csv"])
+
+
+def test_experiment_report_takes_include_results_on_the_command_line(tmp_path, capsys):
+    path = tmp_path / "demo.toml"
+    path.write_text(
+        '[experiment]\nname = "demo"\nseeds = [1]\nnum-supernodes = 4\nreference-arm = "a"\n'
+        '[base]\nnum-server-rounds = 3\n[[arms]]\nname = "a"\nstrategy = "fedavg"\n'
+        '[[arms]]\nname = "b"\nstrategy = "fednolowe"\n'
+    )
+    first, second = tmp_path / "first", tmp_path / "second"
+    write_run(first / "runs" / "a-seed1", [0.2, 0.3, 0.5], rounds=3)
+    write_run(first / "runs" / "b-seed1", [0.3, 0.4, 0.6], rounds=3)
+    assert main(["experiment", "report", str(path), "--output-dir", str(first)]) == 0
+    earlier = first / "results.csv"
+    args = ["experiment", "report", str(path), "--output-dir", str(second)]
+    assert main([*args, "--include-results", str(earlier)]) == 0
+    summary = (second / "summary.md").read_text()
+    assert "| b | 1 | +0.1000 (1/0/0) | +0.1000 (1/0/0) |" in summary and f"- a-seed1: {earlier}" in summary
+    capsys.readouterr()
+    assert main([*args, "--include-results", str(tmp_path / "missing.csv")]) == 2
+    assert "missing.csv: cannot be read" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ tail of u of the final model

@@ -150,6 +150,17 @@ def add_experiment_parser(subparsers: argparse._SubParsersAction) -> None:
             "to publish them; the runs and their logs stay in the output dir",
         )
         sub.add_argument("--app", type=Path, default=None, help="Flower app dir (default: cwd, else fedweigh's)")
+        if name == "report":
+            sub.add_argument(
+                "--include-results",
+                dest="earlier",
+                type=Path,
+                action="append",
+                default=[],
+                metavar="CSV",
+                help="an earlier report's results.csv of this experiment: planned runs without a finished folder "
+                "are taken from it (repeatable; the first file holding a run wins), e.g. seeds run elsewhere",
+            )
         if name == "run":
             sub.add_argument("--dry-run", action="store_true", help="validate and show the plan; run nothing")
             sub.add_argument("--port", type=int, default=DEFAULT_PORT, help="port of the simulation SuperLink")
@@ -180,7 +191,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     try:
         if args.experiment_command == "report":
-            report = write_report(experiment, runs, args.report_dir or output_dir)
+            report = write_report(experiment, runs, args.report_dir or output_dir, earlier=args.earlier)
             print(f"wrote {report.results_csv} and {report.summary_md} ({len(report.plots)} plots)")
             return 0
         todo = [plan for plan in plans if plan.action is not Action.SKIP]

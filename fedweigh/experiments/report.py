@@ -13,6 +13,11 @@ arm (with the same sampling settings) must have trained the same clients in
 every round. If that does not hold, ``summary.md`` says so at the top and
 :func:`write_report` raises :class:`SamplingMismatchError` after writing.
 
+Runs whose folders are gone can still be counted: ``fedweigh experiment
+report --include-results <earlier results.csv>`` takes each planned run that
+has no finished folder from that file (:func:`read_earlier_results`), and
+``summary.md`` lists which ones it took.
+
 Example
 -------
 >>> mean_std([0.2, 0.4])
@@ -40,7 +45,7 @@ from fedweigh.experiments.runs import (
     RunResult,
     collect_results,
 )
-from fedweigh.experiments.spec import SCORE_NAMES, Experiment, Reported
+from fedweigh.experiments.spec import SCORE_NAMES, Experiment, ExperimentError, Reported
 from fedweigh.protocol import TRAIN_LOSS
 from fedweigh.results import FINAL_U_ABOVE_1, FINAL_U_P95, TOP5_ACCURACY, TRAIN_LOSS_UNWEIGHTED, WEIGHTED_F1
 
@@ -52,7 +57,9 @@ __all__ = [
     "SamplingMismatchError",
     "check_sampling",
     "mean_std",
+    "merge_earlier",
     "paired_difference",
+    "read_earlier_results",
     "render_summary",
     "summarize_arms",
     "write_report",
@@ -62,19 +69,11 @@ __all__ = [
 RESULTS_CSV = "results.csv"
 SUMMARY_MD = "summary.md"
 
+_IDENTITY_COLUMNS = ("experiment", "arm", "strategy", "seed", "run_name", "status", "rounds")
+_ACCURACY_COLUMNS = ("final_accuracy", "best_accuracy", "mean_accuracy", "auc_accuracy", "last10_accuracy")
 CSV_COLUMNS = (
-    "experiment",
-    "arm",
-    "strategy",
-    "seed",
-    "run_name",
-    "status",
-    "rounds",
-    "final_accuracy",
-    "best_accuracy",
-    "mean_accuracy",
-    "auc_accuracy",
-    "last10_accuracy",
+    *_IDENTITY_COLUMNS,
+    *_ACCURACY_COLUMNS,
     "late_max_accuracy",
     "final_loss",
     *OTHER_SCORES,
@@ -162,6 +161,69 @@ def write_results_csv(results: Sequence[RunResult], path: Path, experiment: str)
         for result in results:
             writer.writerow(result.csv_row(experiment))
     return path
+
+
+_EARLIER_COLUMNS = (*_IDENTITY_COLUMNS, *_ACCURACY_COLUMNS, "run_dir")
+"""The columns an earlier ``results.csv`` must have (older reports lack some of the other scores)."""
+
+
+def read_earlier_results(
+    path: Path, experiment: Experiment, runs: Sequence[PlannedRun]
+) -> dict[tuple[str, int], RunResult]:
+    """The finished runs of this grid that an earlier report's ``results.csv`` holds, by ``(arm, seed)``.
+
+    For a grid whose run folders are gone, or split over output dirs (seed 1
+    run months ago, seed 2 now): the table and the paired differences take
+    them as they were recorded. A row must be of the same experiment, and of
+    the same strategy and number of rounds as the planned run it stands for;
+    rows of runs not in this grid, and unfinished ones, are left out.
+
+    Raises
+    ------
+    ExperimentError
+        When the file cannot be read or is not this experiment's, naming the file, the value and what is accepted.
+    """
+    path = Path(path)
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            missing = [column for column in _EARLIER_COLUMNS if column not in (reader.fieldnames or ())]
+            rows = list(reader)
+    except OSError as err:
+        raise ExperimentError(f"--include-results {path}: cannot be read ({err.strerror})") from err
+    if missing:
+        raise ExperimentError(
+            f"--include-results {path}: not a {RESULTS_CSV} of fedweigh's experiment report (no column "
+            f"{', '.join(missing)})"
+        )
+    planned = {(run.arm, run.seed): run for run in runs}
+    found: dict[tuple[str, int], RunResult] = {}
+    problems = []
+    for line, row in enumerate(rows, start=2):
+        if row["experiment"] != experiment.name:
+            problems.append(f"line {line}: a row of experiment {row['experiment']!r}; accepted: {experiment.name!r}")
+            continue
+        try:
+            run = planned.get((row["arm"], int(row["seed"])))
+            if run is None or row["status"] != "finished":
+                continue
+            if row["strategy"] != run.strategy or int(row["rounds"]) != run.rounds:
+                problems.append(
+                    f"{row['run_name']}: strategy {row['strategy']!r} over {row['rounds']} rounds; "
+                    f"accepted: {run.strategy!r} over {run.rounds} rounds, as this grid plans it"
+                )
+                continue
+            found[run.arm, run.seed] = RunResult.from_csv_row(run, row, path)
+        except ValueError as err:  # a cell that is not a number
+            problems.append(f"line {line}: {err}; accepted: the numbers fedweigh's report writes")
+    if problems:
+        raise ExperimentError(f"--include-results {path}:\n" + "\n".join(f"  - {p}" for p in problems))
+    return found
+
+
+def merge_earlier(results: Sequence[RunResult], earlier: Mapping[tuple[str, int], RunResult]) -> list[RunResult]:
+    """Each run as its folder has it, or as an earlier report recorded it when its folder has no finished run."""
+    return [result if result.finished else earlier.get((result.run.arm, result.run.seed), result) for result in results]
 
 
 @dataclass(frozen=True)
@@ -430,6 +492,17 @@ def render_summary(
                 + ", ".join(r.run.name for r in recovered)
             )
         lines.append("")
+    recorded = [r for r in results if r.source is not None]
+    if recorded:
+        lines.append(
+            "Read from earlier reports (their rounds are not here: they are in the tables and the paired "
+            "differences, not in the plots or the client-sampling check above, which their own reports made):"
+        )
+        lines += [
+            f"- {r.run.name}: {r.source}" + (f" (collapse: {r.collapse_text})" if r.collapse_text else "")
+            for r in recorded
+        ]
+        lines.append("")
     unfinished = [r for r in results if not r.finished]
     if unfinished:
         lines.append("Not in the table (not finished):")
@@ -456,21 +529,37 @@ class Report:
     sampling: SamplingCheck
 
 
-def write_report(experiment: Experiment, runs: Sequence[PlannedRun], output_dir: Path, *, plots: bool = True) -> Report:
+def write_report(
+    experiment: Experiment,
+    runs: Sequence[PlannedRun],
+    output_dir: Path,
+    *,
+    plots: bool = True,
+    earlier: Sequence[Path] = (),
+) -> Report:
     """Write ``results.csv``, the plots and ``summary.md`` into ``output_dir``.
+
+    ``earlier``: ``results.csv`` files of earlier reports of this experiment;
+    a planned run without a finished folder is taken from the first that
+    holds it (:func:`read_earlier_results`).
 
     Raises
     ------
     SamplingMismatchError
         After writing everything, when arms of one seed sampled different clients.
+    ExperimentError
+        Before writing anything, when an ``earlier`` file is not this experiment's.
     """
     output_dir = Path(output_dir)
+    recorded: dict[tuple[str, int], RunResult] = {}
+    for path in earlier:
+        recorded = read_earlier_results(path, experiment, runs) | recorded  # the first file wins
+    results = merge_earlier(collect_results(runs), recorded)
     output_dir.mkdir(parents=True, exist_ok=True)
-    results = collect_results(runs)
     csv_path = write_results_csv(results, output_dir / RESULTS_CSV, experiment.name)
     sampling = check_sampling(results)
     drawn: list[Path] = []
-    if plots and any(r.finished for r in results):
+    if plots and any(r.finished and r.rows for r in results):  # runs read from a results.csv have no rounds
         from fedweigh.experiments.plots import draw_all
 
         drawn = draw_all(experiment, [r for r in results if r.finished], output_dir / "plots")

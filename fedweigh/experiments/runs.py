@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -299,10 +299,51 @@ class RunResult:
     wall_seconds: float | None = None
     server_seconds: float | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    source: Path | None = None  # the results.csv it was read from (no per-round rows then); None: its folder
+    collapse_text: str = ""  # the collapse as that results.csv gave it (read from a folder: ``str(collapse)``)
 
     @property
     def finished(self) -> bool:
         return self.scores is not None
+
+    @classmethod
+    def from_csv_row(cls, run: PlannedRun, row: dict[str, str], source: Path) -> RunResult:
+        """A finished run as a ``results.csv`` row recorded it: its scores, not its rounds.
+
+        The inverse of :meth:`csv_row` for what the table and the paired
+        differences need; ``rows`` stays empty, so the plots and the
+        client-sampling check leave it out. ``run_dir`` is the row's.
+        """
+
+        def number(column: str) -> float | None:
+            cell = row.get(column) or ""
+            return float(cell) if cell else None
+
+        def score(column: str) -> float:
+            value = number(column)
+            return float("nan") if value is None else value
+
+        scores = RunScores(
+            final=score("final_accuracy"),
+            best=score("best_accuracy"),
+            mean=score("mean_accuracy"),
+            auc=score("auc_accuracy"),
+            last=score("last10_accuracy"),
+            rounds=int(row["rounds"]),
+            late_max=score("late_max_accuracy"),
+        )
+        others = {name: value for name in OTHER_SCORES if (value := number(name)) is not None}
+        return cls(
+            replace(run, run_dir=Path(row["run_dir"])),
+            row["status"],
+            scores=scores,
+            final_loss=number("final_loss"),
+            others=others,
+            wall_seconds=number("wall_seconds"),
+            server_seconds=number("server_seconds"),
+            source=Path(source),
+            collapse_text=row.get("collapse") or "",
+        )
 
     def csv_row(self, experiment: str) -> dict[str, Any]:
         scores = self.scores
@@ -313,7 +354,7 @@ class RunResult:
             "seed": self.run.seed,
             "run_name": self.run.name,
             "status": self.status,
-            "rounds": len(self.rows),
+            "rounds": scores.rounds if scores else len(self.rows),
             "final_accuracy": _cell(scores.final if scores else None),
             "best_accuracy": _cell(scores.best if scores else None),
             "mean_accuracy": _cell(scores.mean if scores else None),
@@ -322,7 +363,7 @@ class RunResult:
             "late_max_accuracy": _cell(scores.late_max if scores else None),
             "final_loss": _cell(self.final_loss),
             **{name: _cell(self.others.get(name)) for name in OTHER_SCORES},
-            "collapse": "" if self.collapse is None else str(self.collapse),
+            "collapse": self.collapse_text if self.collapse is None else str(self.collapse),
             "wall_seconds": _cell(self.wall_seconds, 2),
             "server_seconds": _cell(self.server_seconds, 2),
             "run_dir": str(self.run.run_dir),
