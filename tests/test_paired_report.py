@@ -41,6 +41,8 @@ def test_one_pair_has_no_standard_error_and_no_common_seed_gives_none():
     one = paired_difference({1: 0.5}, {1: 0.5, 2: 0.1})
     assert (one.mean, one.sem, one.ties) == (0.0, None, 1) and str(one) == "+0.0000"
     assert paired_difference({1: 0.5}, {2: 0.5}) is None
+    # 0.05000000000000002 and -0.05000000000000004: a mean of -1e-17 is written as the zero it is to 4 digits
+    assert str(paired_difference({1: 0.5, 2: 0.6}, {1: 0.45, 2: 0.65})) == "+0.0000 ± 0.0500"
 
 
 accuracies = st.dictionaries(st.integers(0, 9), st.floats(0.0, 1.0), min_size=1, max_size=10)
@@ -103,6 +105,41 @@ def test_no_reference_arm_no_paired_table_and_a_missing_reference_is_said(tmp_pa
             (run.run_dir / SUMMARY_FILE).unlink()
     summary = write_report(experiment, runs, tmp_path / "gone", plots=False).summary_md.read_text()
     assert "the reference arm fedavg has no finished run" in summary
+
+
+@pytest.mark.parametrize(
+    ("pairs", "expected"),
+    [
+        ([["fedoui", "fedprox"]], "paired-comparisons = ['fedoui', 'fedprox']: 'fedprox' not an arm of the file"),
+        ([["fedoui", "fedoui"]], "each pair must name two different arms"),
+        ([["fedoui", "fedavg"], ["fedoui", "fedavg"]], "each pair once"),
+        ([["fedoui", "fedavg", "uniform"]], "paired-comparisons"),
+    ],
+)
+def test_paired_comparisons_must_name_two_different_arms_of_the_file(pairs, expected):
+    table = experiment_table()
+    table["experiment"]["paired-comparisons"] = pairs
+    assert expected in failure(table)
+
+
+def test_summary_has_the_paired_comparisons_the_file_asks_for(tmp_path):
+    table = experiment_table()
+    table["experiment"]["paired-comparisons"] = [["fedoui", "fedavg"], ["fedavg", "fedoui"]]
+    experiment, runs = planned(tmp_path, experiment=table["experiment"])
+    curves = {"fedavg": [[0.2, 0.3, 0.5], [0.3, 0.4, 0.6]], "fedoui": [[0.25, 0.35, 0.45], [0.3, 0.5, 0.65]]}
+    for run in runs:
+        write_run(run.run_dir, curves[run.arm][run.seed - 1], rounds=3)
+    summary = write_report(experiment, runs, tmp_path, plots=False).summary_md.read_text()
+    assert "Paired differences against" not in summary  # no reference-arm: only the pairs asked for
+    assert "(`paired-comparisons`)" in summary
+    # the same numbers as the reference-arm table's row for fedoui (test above), and their negation
+    assert "| fedoui − fedavg | 2 | +0.0000 ± 0.0500 (1/0/1) | +0.0333 ± 0.0167 (2/0/0) |" in summary
+    assert "| fedavg − fedoui | 2 | +0.0000 ± 0.0500 (1/0/1) | -0.0333 ± 0.0167 (0/0/2) |" in summary
+    only_one = load_experiment(experiment_table(experiment=table["experiment"]), DEFAULTS, arms=["fedoui"])
+    assert (
+        "paired-comparisons"
+        not in write_report(only_one, runs[1::2], tmp_path / "one", plots=False).summary_md.read_text()
+    )
 
 
 # ------------------------------------------------------------------ runs read from an earlier report

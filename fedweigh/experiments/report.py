@@ -6,7 +6,9 @@ paper's reported numbers beside them when the experiment file gives them.
 
 With ``reference-arm`` set, ``summary.md`` also compares every arm with it
 seed by seed (:func:`paired_difference`): the mean of ``arm - reference`` over
-the seeds both finished, its standard error and the win count.
+the seeds both finished, its standard error and the win count. The pairs in
+``paired-comparisons`` (the comparison a paper draws between two other arms,
+say FedNolowe against FedProx) get the same table.
 
 The report also checks what makes a comparison paired: for each seed, every
 arm (with the same sampling settings) must have trained the same clients in
@@ -39,6 +41,7 @@ from fedweigh.experiments.grid import PlannedRun
 from fedweigh.experiments.runs import (
     COLLAPSE_ROUNDS,
     COLLAPSE_SHARE,
+    FINISHED,
     OTHER_SCORES,
     ROLLING_STD_ACCURACY,
     ROLLING_WINDOW,
@@ -57,7 +60,6 @@ __all__ = [
     "SamplingMismatchError",
     "check_sampling",
     "mean_std",
-    "merge_earlier",
     "paired_difference",
     "read_earlier_results",
     "render_summary",
@@ -127,7 +129,7 @@ class PairedDifference:
 
     def __str__(self) -> str:
         sem = "" if self.sem is None else f" ± {self.sem:.4f}"
-        return f"{self.mean:+.4f}{sem}"
+        return f"{round(self.mean, 4) + 0.0:+.4f}{sem}"  # + 0.0: a mean that rounds to zero reads +0.0000, not -0.0000
 
 
 def paired_difference(values: Mapping[int, float], reference: Mapping[int, float]) -> PairedDifference | None:
@@ -205,7 +207,7 @@ def read_earlier_results(
             continue
         try:
             run = planned.get((row["arm"], int(row["seed"])))
-            if run is None or row["status"] != "finished":
+            if run is None or row["status"] != FINISHED:
                 continue
             if row["strategy"] != run.strategy or int(row["rounds"]) != run.rounds:
                 problems.append(
@@ -221,7 +223,7 @@ def read_earlier_results(
     return found
 
 
-def merge_earlier(results: Sequence[RunResult], earlier: Mapping[tuple[str, int], RunResult]) -> list[RunResult]:
+def _merge_earlier(results: Sequence[RunResult], earlier: Mapping[tuple[str, int], RunResult]) -> list[RunResult]:
     """Each run as its folder has it, or as an earlier report recorded it when its folder has no finished run."""
     return [result if result.finished else earlier.get((result.run.arm, result.run.seed), result) for result in results]
 
@@ -335,33 +337,57 @@ PAIRED_SCORES = ("final", "mean")
 """The scores ``summary.md`` compares with the reference arm seed by seed."""
 
 
+_PAIRED_EXPLANATION = (
+    "mean ± standard error (sample std, ddof=1, / √pairs); wins / ties / losses count the seeds where the arm's "
+    "accuracy is strictly greater, equal, smaller."
+)
+
+
+def _paired_table(first_heading: str, rows: Sequence[tuple[str, str, str]], per_seed) -> list[str]:
+    """One markdown table of ``arm − other`` per ``(label, arm, other)`` row, for :data:`PAIRED_SCORES`."""
+    header = [first_heading, "pairs", *(f"Δ {_HEADINGS[s]}, wins/ties/losses" for s in PAIRED_SCORES)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label, arm, other in rows:
+        differences = [paired_difference(per_seed(arm, s), per_seed(other, s)) for s in PAIRED_SCORES]
+        if differences[0] is None:
+            lines.append(f"| {label} | 0 | " + " | ".join("–" for _ in PAIRED_SCORES) + " |")
+            continue
+        cells = [f"{d} ({d.wins}/{d.ties}/{d.losses})" for d in differences if d is not None]
+        lines.append(f"| {label} | {differences[0].pairs} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def _paired_lines(experiment: Experiment, results: Sequence[RunResult]) -> list[str]:
-    """The table of paired differences against ``reference-arm`` (nothing when it is not set)."""
-    reference = experiment.spec.experiment.reference_arm
-    if not reference:
-        return []
+    """The paired tables: every arm against ``reference-arm``, then the file's ``paired-comparisons``.
+
+    Nothing for a table the file does not ask for; a comparison whose arm ``--arms`` left out is not shown.
+    """
 
     def per_seed(arm: str, score: str) -> dict[int, float]:
         return {r.run.seed: r.scores.get(score) for r in results if r.run.arm == arm and r.scores is not None}
 
-    if not per_seed(reference, "final"):
-        return [f"Paired differences: the reference arm {reference} has no finished run.", ""]
-    lines = [
-        f"Paired differences against {reference}, seed by seed (arm − {reference} on the same seed and partition): "
-        "mean ± standard error (sample std, ddof=1, / √pairs); wins / ties / losses count the seeds where the arm's "
-        "accuracy is strictly greater, equal, smaller.",
-        "",
-    ]
-    header = ["arm", "pairs", *(f"Δ {_HEADINGS[s]}, wins/ties/losses" for s in PAIRED_SCORES)]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for arm in (arm.name for arm in experiment.arms if arm.name != reference):
-        differences = [paired_difference(per_seed(arm, s), per_seed(reference, s)) for s in PAIRED_SCORES]
-        if differences[0] is None:
-            lines.append(f"| {arm} | 0 | " + " | ".join("–" for _ in PAIRED_SCORES) + " |")
-            continue
-        cells = [f"{d} ({d.wins}/{d.ties}/{d.losses})" for d in differences if d is not None]
-        lines.append(f"| {arm} | {differences[0].pairs} | " + " | ".join(cells) + " |")
-    lines.append("")
+    section = experiment.spec.experiment
+    lines: list[str] = []
+    reference = section.reference_arm
+    if reference and not per_seed(reference, "final"):
+        lines += [f"Paired differences: the reference arm {reference} has no finished run.", ""]
+    elif reference:
+        lines += [
+            f"Paired differences against {reference}, seed by seed (arm − {reference} on the same seed and "
+            f"partition): {_PAIRED_EXPLANATION}",
+            "",
+        ]
+        others = [(arm.name, arm.name, reference) for arm in experiment.arms if arm.name != reference]
+        lines += _paired_table("arm", others, per_seed)
+    kept = {arm.name for arm in experiment.arms}
+    pairs = [(f"{arm} − {other}", arm, other) for arm, other in section.paired_comparisons if {arm, other} <= kept]
+    if pairs:
+        lines += [
+            f"Paired differences the experiment file asks for (`paired-comparisons`), seed by seed on the same "
+            f"seed and partition: {_PAIRED_EXPLANATION}",
+            "",
+            *_paired_table("arm − other", pairs, per_seed),
+        ]
     return lines
 
 
@@ -554,7 +580,7 @@ def write_report(
     recorded: dict[tuple[str, int], RunResult] = {}
     for path in earlier:
         recorded = read_earlier_results(path, experiment, runs) | recorded  # the first file wins
-    results = merge_earlier(collect_results(runs), recorded)
+    results = _merge_earlier(collect_results(runs), recorded)
     output_dir.mkdir(parents=True, exist_ok=True)
     csv_path = write_results_csv(results, output_dir / RESULTS_CSV, experiment.name)
     sampling = check_sampling(results)

@@ -62,6 +62,8 @@ from fedweigh.results import (
     read_metrics,
 )
 
+FINISHED = "finished"  # a run's status when its folder holds every round it plans (results.csv's `status`)
+
 COLLAPSE_SHARE = 0.9
 """A collapsed model predicts its most frequent class for at least this share of the test set, on average."""
 COLLAPSE_ROUNDS = 5
@@ -290,7 +292,7 @@ class RunResult:
     """What one (arm, seed) run left in its folder."""
 
     run: PlannedRun
-    status: str  # "finished", "incomplete (k/T rounds)", "missing"
+    status: str  # FINISHED, "incomplete (k/T rounds)", "missing"
     rows: list[dict[str, Any]] = field(default_factory=list)
     scores: RunScores | None = None
     final_loss: float | None = None
@@ -406,7 +408,7 @@ def collect_results(runs: Sequence[PlannedRun]) -> list[RunResult]:
         wall = sum(float(s.get("wall_seconds") or 0.0) for s in segments) if segments else None
         result = RunResult(
             run,
-            "finished" if complete else f"incomplete ({len(rows)}/{run.rounds} rounds)",
+            FINISHED if complete else f"incomplete ({len(rows)}/{run.rounds} rounds)",
             rows=rows,
             wall_seconds=wall,
             server_seconds=summary.get("seconds") if isinstance(summary, dict) else None,

@@ -10,6 +10,7 @@ An experiment file is TOML::
     cpus-per-client = 1                  # Ray resources per client
     paper-source = "FedOUI, 20-round pilot"
     reference-arm = "fedavg"             # optional: paired differences against this arm
+    paired-comparisons = [["fedoui-window5", "fedavg"]]  # optional: more paired tables, arm − other
 
     [base]                               # run-config overrides shared by every arm
     dataset = "../shared/datasets/cifar10"
@@ -166,6 +167,14 @@ class ExperimentSection(_Strict):
     gpus_per_client: float = Field(0.0, ge=0.0)
     paper_source: str = ""
     reference_arm: str = ""  # "": no paired table; else the arm every other arm is compared with, seed by seed
+    paired_comparisons: list[tuple[RunName, RunName]] = Field(default_factory=list)  # (arm, other): arm − other
+
+    @field_validator("paired_comparisons")
+    @classmethod
+    def _two_arms_each(cls, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        if any(arm == other for arm, other in pairs) or len(set(pairs)) != len(pairs):
+            raise ValueError("each pair must name two different arms, each pair once")
+        return pairs
 
     @field_validator("seeds")
     @classmethod
@@ -430,6 +439,14 @@ def load_experiment(
             f'experiment: reference-arm = {reference!r}: not an arm of the file; accepted: "" (no paired table) '
             f"or one of {', '.join(map(str, file_arms))}",
         )
+    for arm, other in spec.experiment.paired_comparisons:  # against the whole file too
+        unknown = [name for name in (arm, other) if name not in file_arms]
+        if unknown:
+            problems.insert(
+                0,
+                f"experiment: paired-comparisons = [{arm!r}, {other!r}]: {', '.join(map(repr, unknown))} not an arm "
+                f"of the file; accepted: pairs of {', '.join(map(str, file_arms))}",
+            )
     if problems:
         lines = "\n".join(f"  - {problem}" for problem in problems)
         raise ExperimentError(f"invalid experiment file {label}:\n{lines}")
