@@ -551,11 +551,18 @@ def test_a_run_whose_model_collapsed_is_named_with_the_round_and_lambda(tmp_path
     assert "- fedoui-seed1: round 1 (accuracy 0.2500, λ = 58.58); to the end" in summary
     with report.results_csv.open() as handle:
         collapses = {row["run_name"]: row["collapse"] for row in csv.DictReader(handle)}
+    kept = tmp_path / "kept.csv"
+    kept.write_bytes(report.results_csv.read_bytes())
     assert collapses["fedoui-seed1"].startswith("round 1") and collapses["fedavg-seed1"] == ""
     # a single round predicting one class is no collapse (strong label skew does that to FedAvg too)
     rows[2]["prediction_share"] = 0.5
     (folder / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
     assert "Collapses" not in write_report(experiment, runs, tmp_path, plots=False).summary_md.read_text()
+    # read back from the first report's results.csv once the folder is gone, the collapse is still named
+    for file in folder.iterdir():
+        file.unlink()
+    again = write_report(experiment, runs, tmp_path / "again", plots=False, earlier=[kept]).summary_md.read_text()
+    assert "- fedoui-seed1: round 1 (accuracy 0.2500, λ = 58.58); to the end" in again
 
 
 def test_an_arm_evaluated_every_few_rounds_with_feddles_record_is_scored_and_plotted(tmp_path):

@@ -17,7 +17,7 @@ from fedweigh.cli import main
 from fedweigh.client.ufl import model_uncertainty, u_tail
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.experiments.report import paired_difference, write_report
-from fedweigh.experiments.runs import final_u_tail
+from fedweigh.experiments.runs import Collapse, final_u_tail
 from fedweigh.experiments.spec import ExperimentError, load_experiment
 from fedweigh.models.mlp import DigitsMLP
 from fedweigh.preflight import check_run
@@ -223,8 +223,23 @@ def test_an_earlier_results_csv_of_another_grid_is_refused_before_anything_is_wr
         "fedoui-seed1: strategy 'fedoui' over 5 rounds; accepted: 'fedoui' over 3 rounds",
     )
     refused(lambda r: [row.pop("mean_accuracy") for row in r], "no column mean_accuracy")
+    refused(lambda r: r[3].update(collapse="melted"), "line 5: collapse 'melted': accepted: empty, or 'round R")
     with pytest.raises(ExperimentError, match="nowhere.csv: cannot be read"):
         write_report(experiment, runs, tmp_path / "never", plots=False, earlier=[tmp_path / "nowhere.csv"])
+
+
+@given(
+    st.integers(1, 10_000),
+    st.floats(0.0, 1.0),
+    st.none() | st.floats(-1e6, 1e6, allow_nan=False),
+    st.booleans(),
+)
+def test_a_collapse_reads_back_from_the_text_results_csv_holds(number, accuracy, lam, recovered):
+    text = str(Collapse(number, accuracy, lam, recovered))
+    back = Collapse.parse(text)
+    assert str(back) == text and (back.round, back.recovered) == (number, recovered)
+    assert back.accuracy == pytest.approx(accuracy, abs=5e-5) and (back.lam is None) == (lam is None)
+    assert Collapse.parse("") is None
 
 
 def test_experiment_report_takes_include_results_on_the_command_line(tmp_path, capsys):

@@ -217,7 +217,7 @@ def read_earlier_results(
                 continue
             found[run.arm, run.seed] = RunResult.from_csv_row(run, row, path)
         except ValueError as err:  # a cell that is not a number
-            problems.append(f"line {line}: {err}; accepted: the numbers fedweigh's report writes")
+            problems.append(f"line {line}: {err}; accepted: the cells fedweigh's report writes")
     if problems:
         raise ExperimentError(f"--include-results {path}:\n" + "\n".join(f"  - {p}" for p in problems))
     return found
@@ -524,10 +524,7 @@ def render_summary(
             "Read from earlier reports (their rounds are not here: they are in the tables and the paired "
             "differences, not in the plots or the client-sampling check above, which their own reports made):"
         )
-        lines += [
-            f"- {r.run.name}: {r.source}" + (f" (collapse: {r.collapse_text})" if r.collapse_text else "")
-            for r in recorded
-        ]
+        lines += [f"- {r.run.name}: {r.source}" for r in recorded]
         lines.append("")
     unfinished = [r for r in results if not r.finished]
     if unfinished:

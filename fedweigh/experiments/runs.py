@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -104,6 +105,29 @@ class Collapse:
         return (
             f"round {self.round} (accuracy {self.accuracy:.4f}{lam}); {'recovered' if self.recovered else 'to the end'}"
         )
+
+    @classmethod
+    def parse(cls, text: str) -> Collapse | None:
+        """The collapse a ``results.csv`` cell holds (its ``str()``, rounded as written); None for an empty cell.
+
+        Raises
+        ------
+        ValueError
+            For any other text, naming it and the accepted form.
+        """
+        if not text:
+            return None
+        match = _COLLAPSE_TEXT.fullmatch(text)
+        if match is None:
+            raise ValueError(
+                f"collapse {text!r}: accepted: empty, or 'round R (accuracy A[, λ = L]); recovered' (or '; to the end')"
+            )
+        number, accuracy, lam, ending = match.groups()
+        return cls(int(number), float(accuracy), None if lam is None else float(lam), ending == "recovered")
+
+
+_COLLAPSE_TEXT = re.compile(r"round (\d+) \(accuracy ([^,)]+)(?:, λ = ([^)]+))?\); (recovered|to the end)")
+"""What :meth:`Collapse.__str__` writes, for :meth:`Collapse.parse`."""
 
 
 def find_collapse(rows: Sequence[dict[str, Any]]) -> Collapse | None:
@@ -302,7 +326,6 @@ class RunResult:
     server_seconds: float | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     source: Path | None = None  # the results.csv it was read from (no per-round rows then); None: its folder
-    collapse_text: str = ""  # the collapse as that results.csv gave it (read from a folder: ``str(collapse)``)
 
     @property
     def finished(self) -> bool:
@@ -343,8 +366,8 @@ class RunResult:
             others=others,
             wall_seconds=number("wall_seconds"),
             server_seconds=number("server_seconds"),
+            collapse=Collapse.parse(row.get("collapse") or ""),
             source=Path(source),
-            collapse_text=row.get("collapse") or "",
         )
 
     def csv_row(self, experiment: str) -> dict[str, Any]:
@@ -365,7 +388,7 @@ class RunResult:
             "late_max_accuracy": _cell(scores.late_max if scores else None),
             "final_loss": _cell(self.final_loss),
             **{name: _cell(self.others.get(name)) for name in OTHER_SCORES},
-            "collapse": self.collapse_text if self.collapse is None else str(self.collapse),
+            "collapse": "" if self.collapse is None else str(self.collapse),
             "wall_seconds": _cell(self.wall_seconds, 2),
             "server_seconds": _cell(self.server_seconds, 2),
             "run_dir": str(self.run.run_dir),
