@@ -16,8 +16,8 @@ from test_experiments import DEFAULTS, experiment_table, failure, planned, write
 from fedweigh.cli import main
 from fedweigh.client.ufl import model_uncertainty, u_tail
 from fedweigh.data.tensors import ImageTensors
-from fedweigh.experiments.report import paired_difference, write_report
-from fedweigh.experiments.runs import Collapse, final_u_tail
+from fedweigh.experiments.report import SamplingMismatchError, paired_difference, write_report
+from fedweigh.experiments.runs import ClientSequence, Collapse, final_u_tail
 from fedweigh.experiments.spec import ExperimentError, load_experiment
 from fedweigh.models.mlp import DigitsMLP
 from fedweigh.preflight import check_run
@@ -174,8 +174,71 @@ def test_seeds_whose_folders_are_gone_come_back_from_the_earlier_results_csv(tmp
     assert "fedavg-seed2: " not in text.split("Read from earlier reports")[1]
     # results.csv: the same rows, the recorded ones pointing at the folders they were run in
     assert _csv_rows(merged.results_csv) == _csv_rows(whole.results_csv)
-    # the rows of seed 1 have no rounds here, so the sampling check covers seed 2 only
+    # seed 1's rounds are gone, but results.csv kept which clients they trained: both seeds are checked
+    assert merged.sampling.ok and merged.sampling.lines == (
+        "seed 1: the same clients in all 3 rounds for fedavg (earlier report), fedoui (earlier report)",
+        "seed 2: the same clients in all 3 rounds for fedavg, fedoui",
+    )
+
+
+def test_an_earlier_row_that_trained_other_clients_fails_the_report(tmp_path):
+    experiment, runs = grid_with_reference(tmp_path / "grid", "fedavg")
+    whole = write_report(experiment, runs, tmp_path / "whole", plots=False)
+    recorded = {row["run_name"]: row["clients"] for row in _csv_rows(whole.results_csv)}
+    assert recorded["fedavg-seed1"] == recorded["fedoui-seed1"] != ""
+    # fedoui-seed1 is rerun with another client in round 2; fedavg-seed1 is known only from the earlier file
+    for file in runs[0].run_dir.iterdir():
+        file.unlink()
+    write_run(runs[1].run_dir, [0.3, 0.5, 0.6], sampled={2: [1, 3]}, rounds=3)
+    with pytest.raises(SamplingMismatchError, match="seed 1, fedoui and fedavg"):
+        write_report(experiment, runs, tmp_path / "merged", plots=False, earlier=[whole.results_csv])
+    summary = (tmp_path / "merged" / "summary.md").read_text()
+    assert "WARNING: client sampling differs" in summary
+    assert "trained different clients within the first 3 rounds" in summary
+
+
+def test_an_earlier_results_csv_without_the_clients_column_is_left_out_of_the_check(tmp_path):
+    experiment, runs = grid_with_reference(tmp_path / "grid", "fedavg")
+    whole = write_report(experiment, runs, tmp_path / "whole", plots=False)
+    rows = _csv_rows(whole.results_csv)
+    old = tmp_path / "old.csv"  # as reports wrote it before the column existed
+    with old.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=[c for c in rows[0] if c != "clients"], extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    for run in runs[:2]:  # seed 1
+        for file in run.run_dir.iterdir():
+            file.unlink()
+    merged = write_report(experiment, runs, tmp_path / "merged", plots=False, earlier=[old])
     assert merged.sampling.lines == ("seed 2: the same clients in all 3 rounds for fedavg, fedoui",)
+    assert [row["clients"] == "" for row in _csv_rows(merged.results_csv)] == [True, True, False, False]
+
+
+def test_client_sequences_differ_with_the_clients_their_order_and_the_sampling_settings():
+    rows = [{"sampled": [0, 1]}, {"sampled": [2, 3]}]
+    settings = {"fraction-train": 0.5, "min-train-nodes": 2, "delay-std": 0.0}
+    one = ClientSequence.of(rows, settings)
+    assert one == ClientSequence.of([dict(row) for row in rows], dict(settings))
+    assert one.digest != ClientSequence.of(rows[::-1], settings).digest
+    assert one.digest != ClientSequence.of([{"sampled": [0, 1]}, {"sampled": [2, 4]}], settings).digest
+    assert one.digest == ClientSequence.of(rows, settings | {"delay-std": 1.0}).digest
+    assert one.sampling != ClientSequence.of(rows, settings | {"delay-std": 1.0}).sampling
+    assert ClientSequence.of([{"sampled": []}, {}], settings) is None  # Center samples no client
+    assert ClientSequence.parse("") is None
+    with pytest.raises(ValueError, match="clients 'abc': accepted: empty, or '<16 hex digits> over R rounds"):
+        ClientSequence.parse("abc")
+
+
+@given(
+    st.lists(st.lists(st.integers(0, 999), max_size=20), min_size=1, max_size=30).filter(any),
+    st.floats(0.01, 1.0),
+    st.integers(0, 100),
+)
+def test_a_client_sequence_reads_back_from_the_text_results_csv_holds(sampled, fraction, minimum):
+    sequence = ClientSequence.of(
+        [{"sampled": s} for s in sampled], {"fraction-train": fraction, "min-train-nodes": minimum}
+    )
+    assert ClientSequence.parse(str(sequence)) == sequence and sequence.rounds == len(sampled)
 
 
 def test_a_folder_with_a_finished_run_wins_over_the_earlier_row(tmp_path):
@@ -224,6 +287,7 @@ def test_an_earlier_results_csv_of_another_grid_is_refused_before_anything_is_wr
     )
     refused(lambda r: [row.pop("mean_accuracy") for row in r], "no column mean_accuracy")
     refused(lambda r: r[3].update(collapse="melted"), "line 5: collapse 'melted': accepted: empty, or 'round R")
+    refused(lambda r: r[2].update(clients="every one"), "line 4: clients 'every one': accepted: empty, or '<16 hex")
     with pytest.raises(ExperimentError, match="nowhere.csv: cannot be read"):
         write_report(experiment, runs, tmp_path / "never", plots=False, earlier=[tmp_path / "nowhere.csv"])
 

@@ -33,7 +33,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -80,14 +79,11 @@ CSV_COLUMNS = (
     "final_loss",
     *OTHER_SCORES,
     "collapse",
+    "clients",
     "wall_seconds",
     "server_seconds",
     "run_dir",
 )
-
-# Settings that change which clients a round samples; arms differing in them are not paired
-# (simulated delays decide which clients are in flight, and so not sampled).
-SAMPLING_SETTINGS = ("fraction-train", "min-train-nodes", "delay-std")
 
 
 class SamplingMismatchError(RuntimeError):
@@ -236,47 +232,69 @@ class SamplingCheck:
     lines: tuple[str, ...]
 
 
-def _sampling_group(result: RunResult) -> tuple[Any, ...]:
-    return tuple(result.settings.get(key) for key in SAMPLING_SETTINGS)
-
-
 def check_sampling(results: Sequence[RunResult]) -> SamplingCheck:
-    """Compare the ``sampled`` partitions of every round across the arms of each seed.
+    """Compare which clients every arm of each seed trained, round by round.
 
-    Arms whose sampling settings (``fraction-train``, ``min-train-nodes``,
-    ``delay-std``) differ are compared only within their own group. Runs that
-    are not finished, and runs that sample no client at all (Center trains on
-    the server's data alone), are left out.
+    Arms whose sampling settings (:data:`~fedweigh.experiments.runs.SAMPLING_SETTINGS`)
+    differ are compared only within their own group. Runs with their rounds
+    at hand are compared round by round (a difference names its round); a
+    run read from an earlier ``results.csv`` by the fingerprint that file
+    recorded (:class:`~fedweigh.experiments.runs.ClientSequence`). Runs that
+    are not finished, runs that sample no client at all (Center trains on the
+    server's data alone) and rows of files written before the fingerprint
+    existed are left out.
     """
-    finished = [r for r in results if r.finished and any(row.get("sampled") for row in r.rows)]
-    seeds = sorted({r.run.seed for r in finished})
     ok, lines = True, []
-    for seed in seeds:
-        groups: dict[tuple[Any, ...], list[RunResult]] = {}
-        for result in (r for r in finished if r.run.seed == seed):
-            groups.setdefault(_sampling_group(result), []).append(result)
+    for seed in sorted({r.run.seed for r in results if r.finished}):
+        groups: dict[str, list[RunResult]] = {}
+        for result in results:
+            if result.run.seed == seed and result.finished and (sequence := result.clients()) is not None:
+                groups.setdefault(sequence.sampling, []).append(result)
         for members in groups.values():
             if len(members) < 2:
                 continue
-            rounds = min(len(r.rows) for r in members)
-            reference = members[0]
-            paired = True
-            for other in members[1:]:
-                for index in range(rounds):
-                    left, right = reference.rows[index].get("sampled"), other.rows[index].get("sampled")
-                    if left != right:
-                        paired = ok = False
-                        lines.append(
-                            f"seed {seed}, round {index + 1}: {reference.run.arm} sampled {left}, "
-                            f"{other.run.arm} sampled {right}"
-                        )
-                        break
-            if paired:
-                arms = ", ".join(r.run.arm for r in members)
+            reference = next((r for r in members if r.rows), members[0])  # a difference can then name its round
+            differences = [
+                difference
+                for other in members
+                if other is not reference and (difference := _sampling_difference(reference, other))
+            ]
+            if differences:
+                ok = False
+                lines += [f"seed {seed}, {difference}" for difference in differences]
+            else:
+                rounds = min(sequence.rounds for r in members if (sequence := r.clients()) is not None)
+                arms = ", ".join(r.run.arm + (" (earlier report)" if r.source is not None else "") for r in members)
                 lines.append(f"seed {seed}: the same clients in all {rounds} rounds for {arms}")
     if not lines:
         lines.append("fewer than two finished arms per seed: nothing to compare")
     return SamplingCheck(ok, tuple(lines))
+
+
+def _sampling_difference(reference: RunResult, other: RunResult) -> str | None:
+    """Where two runs of one seed and sampling group trained different clients; None where they did not."""
+    if reference.rows and other.rows:
+        for index in range(min(len(reference.rows), len(other.rows))):
+            left, right = reference.rows[index].get("sampled"), other.rows[index].get("sampled")
+            if left != right:
+                return f"round {index + 1}: {reference.run.arm} sampled {left}, {other.run.arm} sampled {right}"
+        return None
+    theirs, mine = reference.clients(), other.clients()
+    if theirs is None or mine is None:  # check_sampling groups only runs that have them
+        return None
+    rounds = min(theirs.rounds, mine.rounds)
+    left, right = reference.clients(rounds), other.clients(rounds)
+    if left is None or right is None:
+        return (
+            f"{reference.run.arm} and {other.run.arm}: clients recorded over {theirs.rounds} and {mine.rounds} "
+            "rounds; an earlier report's fingerprint covers all its rounds only, so they cannot be compared"
+        )
+    if left.digest != right.digest:
+        return (
+            f"{reference.run.arm} and {other.run.arm} (from {other.source or reference.source}) trained "
+            f"different clients within the first {rounds} rounds (fingerprints {left.digest}, {right.digest})"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -522,7 +540,8 @@ def render_summary(
     if recorded:
         lines.append(
             "Read from earlier reports (their rounds are not here: they are in the tables and the paired "
-            "differences, not in the plots or the client-sampling check above, which their own reports made):"
+            "differences, not in the plots; in the client-sampling check above where their file recorded the "
+            'clients\' fingerprint, marked "earlier report" there):'
         )
         lines += [f"- {r.run.name}: {r.source}" for r in recorded]
         lines.append("")

@@ -27,7 +27,10 @@ and unweighted (the FedNolowe paper's training loss is the unweighted one).
 
 :func:`collect_results` reads every planned run's folder into a
 :class:`RunResult`; the report (:mod:`fedweigh.experiments.report`) and the
-plots (:mod:`fedweigh.experiments.plots`) both start from those.
+plots (:mod:`fedweigh.experiments.plots`) both start from those. Each run
+also carries which clients it trained, round by round, as a fingerprint
+(:class:`ClientSequence`) that ``results.csv`` keeps, so a report that reads
+an earlier ``results.csv`` can still check that its arms were paired.
 
 Example
 -------
@@ -40,6 +43,7 @@ Example
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -75,6 +79,22 @@ next round's recover (FedAvg with 5 of 20 Dirichlet-0.1 clients does, its
 5-round means stay near 0.75-0.8); a collapsed model stays there, up to a
 stray round.
 """
+
+
+def _cell_fields(pattern: re.Pattern[str], text: str, column: str, accepted: str) -> tuple[str, ...] | None:
+    """The fields of a ``results.csv`` cell that a ``__str__`` wrote; None for an empty cell.
+
+    Raises
+    ------
+    ValueError
+        When ``pattern`` does not match all of ``text``, naming the column, the text and ``accepted``.
+    """
+    if not text:
+        return None
+    match = pattern.fullmatch(text)
+    if match is None:
+        raise ValueError(f"{column} {text!r}: accepted: empty, or {accepted}")
+    return match.groups()
 
 
 @dataclass(frozen=True)
@@ -115,19 +135,83 @@ class Collapse:
         ValueError
             For any other text, naming it and the accepted form.
         """
-        if not text:
+        fields = _cell_fields(
+            _COLLAPSE_TEXT, text, "collapse", "'round R (accuracy A[, λ = L]); recovered' (or '; to the end')"
+        )
+        if fields is None:
             return None
-        match = _COLLAPSE_TEXT.fullmatch(text)
-        if match is None:
-            raise ValueError(
-                f"collapse {text!r}: accepted: empty, or 'round R (accuracy A[, λ = L]); recovered' (or '; to the end')"
-            )
-        number, accuracy, lam, ending = match.groups()
+        number, accuracy, lam, ending = fields
         return cls(int(number), float(accuracy), None if lam is None else float(lam), ending == "recovered")
 
 
 _COLLAPSE_TEXT = re.compile(r"round (\d+) \(accuracy ([^,)]+)(?:, λ = ([^)]+))?\); (recovered|to the end)")
 """What :meth:`Collapse.__str__` writes, for :meth:`Collapse.parse`."""
+
+
+SAMPLING_SETTINGS = ("fraction-train", "min-train-nodes", "delay-std")
+"""Settings that change which clients a round samples: arms differing in them are not paired.
+
+(Simulated delays decide which clients are in flight, and so not sampled.)
+"""
+
+_DIGEST_LENGTH = 16  # hex digits of SHA-256 kept: 64 bits, no chance collision between the runs of one report
+
+
+@dataclass(frozen=True)
+class ClientSequence:
+    """Which clients a run trained, round by round, in a form a ``results.csv`` cell can carry.
+
+    Two runs with equal :attr:`sampling` trained the same clients in their
+    first :attr:`rounds` rounds exactly when their :attr:`digest` is equal.
+
+    Attributes
+    ----------
+    sampling : str
+        The run's :data:`SAMPLING_SETTINGS`, as ``key=value`` pairs (values as JSON).
+    rounds : int
+        How many rounds the digest covers.
+    digest : str
+        The first 16 hex digits of the SHA-256 of the rounds' ``sampled`` partition lists, as compact JSON.
+
+    >>> rows = [{"sampled": [3, 7]}, {"sampled": [1, 3]}]
+    >>> sequence = ClientSequence.of(rows, {"fraction-train": 0.5, "min-train-nodes": 2})
+    >>> sequence.rounds, sequence.sampling
+    (2, 'fraction-train=0.5 min-train-nodes=2 delay-std=null')
+    >>> ClientSequence.parse(str(sequence)) == sequence
+    True
+    """
+
+    sampling: str
+    rounds: int
+    digest: str
+
+    @classmethod
+    def of(cls, rows: Sequence[dict[str, Any]], settings: dict[str, Any]) -> ClientSequence | None:
+        """The fingerprint of these rounds' ``sampled`` lists; None when no round sampled a client (Center)."""
+        sampled = [row.get("sampled") for row in rows]
+        if not any(sampled):
+            return None
+        text = json.dumps(sampled, separators=(",", ":"))
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:_DIGEST_LENGTH]
+        sampling = " ".join(f"{key}={json.dumps(settings.get(key))}" for key in SAMPLING_SETTINGS)
+        return cls(sampling, len(rows), digest)
+
+    def __str__(self) -> str:
+        return f"{self.digest} over {self.rounds} rounds ({self.sampling})"
+
+    @classmethod
+    def parse(cls, text: str) -> ClientSequence | None:
+        """The fingerprint a ``results.csv`` cell holds (its ``str()``); None for an empty cell; a ValueError
+        naming any other text and the accepted form."""
+        fields = _cell_fields(_CLIENTS_TEXT, text, "clients", "'<16 hex digits> over R rounds (<settings>)'")
+        if fields is None:
+            return None
+        digest, rounds, sampling = fields
+        return cls(sampling, int(rounds), digest)
+
+
+_CLIENTS_TEXT = re.compile(rf"([0-9a-f]{{{_DIGEST_LENGTH}}}) over (\d+) rounds \((.*)\)")
+"""What :meth:`ClientSequence.__str__` writes, for :meth:`ClientSequence.parse`."""
 
 
 def find_collapse(rows: Sequence[dict[str, Any]]) -> Collapse | None:
@@ -326,10 +410,24 @@ class RunResult:
     server_seconds: float | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     source: Path | None = None  # the results.csv it was read from (no per-round rows then); None: its folder
+    recorded_clients: ClientSequence | None = None  # read from that results.csv, where it has them
 
     @property
     def finished(self) -> bool:
         return self.scores is not None
+
+    def clients(self, rounds: int | None = None) -> ClientSequence | None:
+        """Which clients it trained in its first ``rounds`` rounds (all of them: None).
+
+        From its rows; for a run read from an earlier ``results.csv``, what
+        that file recorded, and only over the rounds it recorded. None where
+        neither tells (a file written before the ``clients`` column, a run
+        that sampled no client).
+        """
+        if self.rows:
+            return ClientSequence.of(self.rows if rounds is None else self.rows[:rounds], self.settings)
+        recorded = self.recorded_clients
+        return recorded if recorded is not None and rounds in (None, recorded.rounds) else None
 
     @classmethod
     def from_csv_row(cls, run: PlannedRun, row: dict[str, str], source: Path) -> RunResult:
@@ -368,6 +466,7 @@ class RunResult:
             server_seconds=number("server_seconds"),
             collapse=Collapse.parse(row.get("collapse") or ""),
             source=Path(source),
+            recorded_clients=ClientSequence.parse(row.get("clients") or ""),
         )
 
     def csv_row(self, experiment: str) -> dict[str, Any]:
@@ -389,6 +488,7 @@ class RunResult:
             "final_loss": _cell(self.final_loss),
             **{name: _cell(self.others.get(name)) for name in OTHER_SCORES},
             "collapse": "" if self.collapse is None else str(self.collapse),
+            "clients": "" if not self.finished or (clients := self.clients()) is None else str(clients),
             "wall_seconds": _cell(self.wall_seconds, 2),
             "server_seconds": _cell(self.server_seconds, 2),
             "run_dir": str(self.run.run_dir),
