@@ -36,6 +36,7 @@ __all__ = [
     "client_series",
     "diagnostic_series",
     "draw_all",
+    "curve_label",
     "plot_accuracy",
     "plot_oui",
     "plot_signals",
@@ -76,6 +77,22 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
+def curve_label(arm: str, seeds: Sequence[int]) -> str:
+    """The legend entry of an arm's accuracy curve, naming the seeds it averages.
+
+    A report that reads some runs from an earlier ``results.csv`` draws each
+    arm over the seeds whose rounds it has, which need not be the same for
+    every arm.
+
+    >>> curve_label("fedasl", [2, 1])
+    'fedasl (seeds 1, 2)'
+    >>> curve_label("fedavg", [3])
+    'fedavg (seed 3)'
+    """
+    ordered = sorted(set(seeds))
+    return f"{arm} (seed{'s' if len(ordered) > 1 else ''} {', '.join(map(str, ordered))})"
+
+
 def plot_accuracy(results: Sequence[RunResult], path: Path, arms: Sequence[str] | None = None) -> Path:
     """Accuracy per round for each arm: mean over seeds, band of ± one std."""
     figure = Figure(figsize=(7.5, 4.5))
@@ -91,7 +108,7 @@ def plot_accuracy(results: Sequence[RunResult], path: Path, arms: Sequence[str] 
             continue
         curves = np.array([[points[r] for r in rounds] for points in evaluated], dtype=np.float64)
         mean = np.nanmean(curves, axis=0)
-        (line,) = axes.plot(rounds, mean, label=f"{arm} (n={len(runs)})", linewidth=1.8)
+        (line,) = axes.plot(rounds, mean, label=curve_label(arm, [r.run.seed for r in runs]), linewidth=1.8)
         if len(runs) > 1:
             std = np.nanstd(curves, axis=0, ddof=1)
             axes.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
