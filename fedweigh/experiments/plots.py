@@ -34,9 +34,9 @@ from fedweigh.protocol import REPLY_KEYS, TIMING_KEYS
 __all__ = [
     "NOT_SIGNALS",
     "client_series",
+    "curve_label",
     "diagnostic_series",
     "draw_all",
-    "curve_label",
     "plot_accuracy",
     "plot_oui",
     "plot_signals",

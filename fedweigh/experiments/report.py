@@ -86,6 +86,10 @@ CSV_COLUMNS = (
 )
 
 
+_EARLIER_MARK = "earlier report"
+"""How the client-sampling check marks a run read from an earlier ``results.csv``."""
+
+
 class SamplingMismatchError(RuntimeError):
     """Arms of one seed trained different clients: the comparison is not paired."""
 
@@ -264,7 +268,7 @@ def check_sampling(results: Sequence[RunResult]) -> SamplingCheck:
                 lines += [f"seed {seed}, {difference}" for difference in differences]
             else:
                 rounds = min(sequence.rounds for r in members if (sequence := r.clients()) is not None)
-                arms = ", ".join(r.run.arm + (" (earlier report)" if r.source is not None else "") for r in members)
+                arms = ", ".join(r.run.arm + (f" ({_EARLIER_MARK})" if r.source is not None else "") for r in members)
                 lines.append(f"seed {seed}: the same clients in all {rounds} rounds for {arms}")
     if not lines:
         lines.append("fewer than two finished arms per seed: nothing to compare")
@@ -541,7 +545,7 @@ def render_summary(
         lines.append(
             "Read from earlier reports (their rounds are not here: they are in the tables and the paired "
             "differences, not in the plots; in the client-sampling check above where their file recorded the "
-            'clients\' fingerprint, marked "earlier report" there):'
+            f'clients\' fingerprint, marked "{_EARLIER_MARK}" there):'
         )
         lines += [f"- {r.run.name}: {r.source}" for r in recorded]
         lines.append("")

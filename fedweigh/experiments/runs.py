@@ -203,7 +203,8 @@ class ClientSequence:
     def parse(cls, text: str) -> ClientSequence | None:
         """The fingerprint a ``results.csv`` cell holds (its ``str()``); None for an empty cell; a ValueError
         naming any other text and the accepted form."""
-        fields = _cell_fields(_CLIENTS_TEXT, text, "clients", "'<16 hex digits> over R rounds (<settings>)'")
+        accepted = f"'<{_DIGEST_LENGTH} hex digits> over R rounds (<settings>)'"
+        fields = _cell_fields(_CLIENTS_TEXT, text, "clients", accepted)
         if fields is None:
             return None
         digest, rounds, sampling = fields
