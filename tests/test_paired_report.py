@@ -210,8 +210,23 @@ def test_an_earlier_results_csv_without_the_clients_column_is_left_out_of_the_ch
         for file in run.run_dir.iterdir():
             file.unlink()
     merged = write_report(experiment, runs, tmp_path / "merged", plots=False, earlier=[old])
-    assert merged.sampling.lines == ("seed 2: the same clients in all 3 rounds for fedavg, fedoui",)
+    assert merged.sampling.lines == (
+        "seed 2: the same clients in all 3 rounds for fedavg, fedoui",
+        "not checked, read from an earlier report that did not record their clients: fedavg-seed1, fedoui-seed1",
+    )
     assert [row["clients"] == "" for row in _csv_rows(merged.results_csv)] == [True, True, False, False]
+    # the summary does not call seed 1 identical: it says which runs it compared and which it could not
+    text = merged.summary_md.read_text()
+    assert "Client sampling: identical across the arms compared." in text
+    assert "- not checked, read from an earlier report that did not record their clients: fedavg-seed1" in text
+
+    for run in runs[2:]:  # seed 2's folders go too: nothing is left to compare
+        for file in run.run_dir.iterdir():
+            file.unlink()
+    rows_only = write_report(experiment, runs, tmp_path / "rows-only", plots=False, earlier=[old])
+    assert rows_only.sampling.ok and not rows_only.sampling.compared
+    assert "Client sampling: not checked." in rows_only.summary_md.read_text()
+    assert rows_only.sampling.unrecorded == ("fedavg-seed1", "fedoui-seed1", "fedavg-seed2", "fedoui-seed2")
 
 
 def test_client_sequences_differ_with_the_clients_their_order_and_the_sampling_settings():

@@ -230,10 +230,27 @@ def _merge_earlier(results: Sequence[RunResult], earlier: Mapping[tuple[str, int
 
 @dataclass(frozen=True)
 class SamplingCheck:
-    """Whether every arm of a seed trained the same clients, round by round."""
+    """Whether every arm of a seed trained the same clients, round by round.
+
+    ``ok`` is False when two runs of a seed trained different clients;
+    ``compared`` says whether any two runs could be compared at all, and
+    ``unrecorded`` names the runs left out because an earlier report did not
+    record their clients.
+    """
 
     ok: bool
     lines: tuple[str, ...]
+    compared: bool = True
+    unrecorded: tuple[str, ...] = ()
+
+    @property
+    def verdict(self) -> str:
+        """The summary's one-line answer: it never says "identical" about runs it did not compare."""
+        if not self.ok:
+            return "NOT identical across arms"
+        if not self.compared:
+            return "not checked"
+        return "identical across the arms compared" if self.unrecorded else "identical across arms"
 
 
 def check_sampling(results: Sequence[RunResult]) -> SamplingCheck:
@@ -246,9 +263,9 @@ def check_sampling(results: Sequence[RunResult]) -> SamplingCheck:
     recorded (:class:`~fedweigh.experiments.runs.ClientSequence`). Runs that
     are not finished, runs that sample no client at all (Center trains on the
     server's data alone) and rows of files written before the fingerprint
-    existed are left out.
+    existed are left out, and named.
     """
-    ok, lines = True, []
+    ok, compared, lines = True, False, []
     for seed in sorted({r.run.seed for r in results if r.finished}):
         groups: dict[str, list[RunResult]] = {}
         for result in results:
@@ -257,6 +274,7 @@ def check_sampling(results: Sequence[RunResult]) -> SamplingCheck:
         for members in groups.values():
             if len(members) < 2:
                 continue
+            compared = True
             reference = next((r for r in members if r.rows), members[0])  # a difference can then name its round
             differences = [
                 difference
@@ -271,8 +289,15 @@ def check_sampling(results: Sequence[RunResult]) -> SamplingCheck:
                 arms = ", ".join(r.run.arm + (f" ({_EARLIER_MARK})" if r.source is not None else "") for r in members)
                 lines.append(f"seed {seed}: the same clients in all {rounds} rounds for {arms}")
     if not lines:
-        lines.append("fewer than two finished arms per seed: nothing to compare")
-    return SamplingCheck(ok, tuple(lines))
+        lines.append("no seed has two finished runs whose clients are known: nothing to compare")
+    unrecorded = tuple(
+        r.run.name for r in results if r.finished and r.source is not None and r.recorded_clients is None
+    )
+    if unrecorded:
+        lines.append(
+            f"not checked, read from an earlier report that did not record their clients: {', '.join(unrecorded)}"
+        )
+    return SamplingCheck(ok, tuple(lines), compared, unrecorded)
 
 
 def _sampling_difference(reference: RunResult, other: RunResult) -> str | None:
@@ -520,8 +545,7 @@ def render_summary(
         if experiment.settings:
             lines.append("They are for the file's own setting, not necessarily for the values set with `--set`.")
         lines.append("")
-    verdict = "identical across arms" if sampling.ok else "NOT identical across arms"
-    lines.append(f"Client sampling: {verdict}.")
+    lines.append(f"Client sampling: {sampling.verdict}.")
     lines += [f"- {line}" for line in sampling.lines]
     lines.append("")
     collapsed = [r for r in results if r.collapse is not None and not r.collapse.recovered]
