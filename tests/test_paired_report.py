@@ -197,6 +197,20 @@ def test_an_earlier_row_that_trained_other_clients_fails_the_report(tmp_path):
     assert "trained different clients within the first 3 rounds" in summary
 
 
+def test_an_earlier_run_that_sampled_no_client_is_not_called_unchecked(tmp_path):
+    # a Center-like run trains on the server's data alone: its clients cell is empty, and that is not a gap
+    experiment, runs = grid_with_reference(tmp_path / "grid", "fedavg")
+    write_run(runs[1].run_dir, [0.25, 0.35, 0.45], sampled={1: [], 2: [], 3: []}, rounds=3)
+    whole = write_report(experiment, runs, tmp_path / "whole", plots=False)
+    assert [row["clients"] == "" for row in _csv_rows(whole.results_csv)] == [False, True, False, False]
+    for run in runs[:2]:
+        for file in run.run_dir.iterdir():
+            file.unlink()
+    merged = write_report(experiment, runs, tmp_path / "merged", plots=False, earlier=[whole.results_csv])
+    assert merged.sampling.unrecorded == () and merged.sampling.verdict == "identical across arms"
+    assert merged.sampling.lines == ("seed 2: the same clients in all 3 rounds for fedavg, fedoui",)
+
+
 def test_an_earlier_results_csv_without_the_clients_column_is_left_out_of_the_check(tmp_path):
     experiment, runs = grid_with_reference(tmp_path / "grid", "fedavg")
     whole = write_report(experiment, runs, tmp_path / "whole", plots=False)

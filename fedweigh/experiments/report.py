@@ -290,9 +290,7 @@ def check_sampling(results: Sequence[RunResult]) -> SamplingCheck:
                 lines.append(f"seed {seed}: the same clients in all {rounds} rounds for {arms}")
     if not lines:
         lines.append("no seed has two finished runs whose clients are known: nothing to compare")
-    unrecorded = tuple(
-        r.run.name for r in results if r.finished and r.source is not None and r.recorded_clients is None
-    )
+    unrecorded = tuple(r.run.name for r in results if r.finished and r.clients_unrecorded)
     if unrecorded:
         lines.append(
             f"not checked, read from an earlier report that did not record their clients: {', '.join(unrecorded)}"

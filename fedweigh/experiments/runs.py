@@ -412,6 +412,7 @@ class RunResult:
     settings: dict[str, Any] = field(default_factory=dict)
     source: Path | None = None  # the results.csv it was read from (no per-round rows then); None: its folder
     recorded_clients: ClientSequence | None = None  # read from that results.csv, where it has them
+    clients_unrecorded: bool = False  # read from a results.csv written before its ``clients`` column
 
     @property
     def finished(self) -> bool:
@@ -468,6 +469,7 @@ class RunResult:
             collapse=Collapse.parse(row.get("collapse") or ""),
             source=Path(source),
             recorded_clients=ClientSequence.parse(row.get("clients") or ""),
+            clients_unrecorded="clients" not in row,
         )
 
     def csv_row(self, experiment: str) -> dict[str, Any]:
