@@ -240,8 +240,8 @@ class SamplingCheck:
 
     ok: bool
     lines: tuple[str, ...]
-    compared: bool = True
-    unrecorded: tuple[str, ...] = ()
+    compared: bool
+    unrecorded: tuple[str, ...]
 
     @property
     def verdict(self) -> str:
