@@ -17,7 +17,14 @@ from fedweigh.cli import main
 from fedweigh.client.ufl import model_uncertainty, u_tail
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.experiments.report import SamplingMismatchError, paired_difference, write_report
-from fedweigh.experiments.runs import ClientSequence, Collapse, final_u_tail
+from fedweigh.experiments.runs import (
+    CLIENTS_UNRECORDED,
+    NO_CLIENTS,
+    ClientSequence,
+    Collapse,
+    final_u_tail,
+    recorded_clients,
+)
 from fedweigh.experiments.spec import ExperimentError, load_experiment
 from fedweigh.models.mlp import DigitsMLP
 from fedweigh.preflight import check_run
@@ -149,6 +156,15 @@ def _table_lines(summary: str) -> list[str]:
     return [line for line in summary.splitlines() if line.startswith("| ")]
 
 
+def _without_clients_column(rows: list[dict[str, str]], path):
+    """``rows`` written as a ``results.csv`` from before the ``clients`` column."""
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=[c for c in rows[0] if c != "clients"], extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
 def _csv_rows(path) -> list[dict[str, str]]:
     with path.open(newline="", encoding="utf-8") as handle:
         return list(csv.DictReader(handle))
@@ -202,7 +218,7 @@ def test_an_earlier_run_that_sampled_no_client_is_not_called_unchecked(tmp_path)
     experiment, runs = grid_with_reference(tmp_path / "grid", "fedavg")
     write_run(runs[1].run_dir, [0.25, 0.35, 0.45], sampled={1: [], 2: [], 3: []}, rounds=3)
     whole = write_report(experiment, runs, tmp_path / "whole", plots=False)
-    assert [row["clients"] == "" for row in _csv_rows(whole.results_csv)] == [False, True, False, False]
+    assert [row["clients"] == NO_CLIENTS for row in _csv_rows(whole.results_csv)] == [False, True, False, False]
     for run in runs[:2]:
         for file in run.run_dir.iterdir():
             file.unlink()
@@ -215,11 +231,7 @@ def test_an_earlier_results_csv_without_the_clients_column_is_left_out_of_the_ch
     experiment, runs = grid_with_reference(tmp_path / "grid", "fedavg")
     whole = write_report(experiment, runs, tmp_path / "whole", plots=False)
     rows = _csv_rows(whole.results_csv)
-    old = tmp_path / "old.csv"  # as reports wrote it before the column existed
-    with old.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=[c for c in rows[0] if c != "clients"], extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+    old = _without_clients_column(rows, tmp_path / "old.csv")  # as reports wrote it before the column existed
     for run in runs[:2]:  # seed 1
         for file in run.run_dir.iterdir():
             file.unlink()
@@ -228,7 +240,8 @@ def test_an_earlier_results_csv_without_the_clients_column_is_left_out_of_the_ch
         "seed 2: the same clients in all 3 rounds for fedavg, fedoui",
         "not checked, read from an earlier report that did not record their clients: fedavg-seed1, fedoui-seed1",
     )
-    assert [row["clients"] == "" for row in _csv_rows(merged.results_csv)] == [True, True, False, False]
+    cells = [row["clients"] for row in _csv_rows(merged.results_csv)]
+    assert cells[:2] == [CLIENTS_UNRECORDED] * 2 and cells[2] == cells[3] != ""
     # the summary does not call seed 1 identical: it says which runs it compared and which it could not
     text = merged.summary_md.read_text()
     assert "Client sampling: identical across the arms compared." in text
@@ -243,6 +256,42 @@ def test_an_earlier_results_csv_without_the_clients_column_is_left_out_of_the_ch
     assert rows_only.sampling.unrecorded == ("fedavg-seed1", "fedoui-seed1", "fedavg-seed2", "fedoui-seed2")
 
 
+def test_runs_whose_clients_were_not_recorded_stay_unchecked_through_a_chain_of_reports(tmp_path):
+    # report 1 has no clients column; report 2 includes it; report 3 includes report 2, seed 1's and 2's folders gone
+    experiment, runs = grid_with_reference(tmp_path / "grid", "fedavg")
+    rows = _csv_rows(write_report(experiment, runs, tmp_path / "whole", plots=False).results_csv)
+    old = _without_clients_column(rows, tmp_path / "old.csv")
+    for run in runs[:2]:
+        for file in run.run_dir.iterdir():
+            file.unlink()
+    second = write_report(experiment, runs, tmp_path / "second", plots=False, earlier=[old])
+    for run in runs[2:]:
+        for file in run.run_dir.iterdir():
+            file.unlink()
+    third = write_report(experiment, runs, tmp_path / "third", plots=False, earlier=[second.results_csv])
+    assert third.sampling.unrecorded == ("fedavg-seed1", "fedoui-seed1")
+    assert third.sampling.verdict == "identical across the arms compared"
+    both = "fedavg (earlier report), fedoui (earlier report)"
+    assert third.sampling.lines[0] == f"seed 2: the same clients in all 3 rounds for {both}"
+
+    # a results.csv written when an empty cell stood for both cases: its finished rows count as not recorded
+    legacy = tmp_path / "legacy.csv"
+    with legacy.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows([row | {"clients": ""} if row["seed"] == "1" else row for row in rows])
+    from_legacy = write_report(experiment, runs, tmp_path / "from-legacy", plots=False, earlier=[legacy])
+    assert from_legacy.sampling.unrecorded == ("fedavg-seed1", "fedoui-seed1")
+
+
+def test_a_clients_cell_says_which_clients_or_why_none_are_known():
+    sequence = ClientSequence.of([{"sampled": [1]}], {"fraction-train": 0.1})
+    assert recorded_clients(str(sequence)) == (sequence, False)
+    assert recorded_clients(NO_CLIENTS) == (None, False)
+    assert recorded_clients(CLIENTS_UNRECORDED) == (None, True)
+    assert recorded_clients("") == (None, True) and recorded_clients(None) == (None, True)
+
+
 def test_client_sequences_differ_with_the_clients_their_order_and_the_sampling_settings():
     rows = [{"sampled": [0, 1]}, {"sampled": [2, 3]}]
     settings = {"fraction-train": 0.5, "min-train-nodes": 2, "delay-std": 0.0}
@@ -254,7 +303,8 @@ def test_client_sequences_differ_with_the_clients_their_order_and_the_sampling_s
     assert one.sampling != ClientSequence.of(rows, settings | {"delay-std": 1.0}).sampling
     assert ClientSequence.of([{"sampled": []}, {}], settings) is None  # Center samples no client
     assert ClientSequence.parse("") is None
-    with pytest.raises(ValueError, match="clients 'abc': accepted: empty, or '<16 hex digits> over R rounds"):
+    accepted = "accepted: empty, or 'none', 'unrecorded' or '<16 hex digits> over R rounds"
+    with pytest.raises(ValueError, match=f"clients 'abc': {accepted}"):
         ClientSequence.parse("abc")
 
 
@@ -316,7 +366,8 @@ def test_an_earlier_results_csv_of_another_grid_is_refused_before_anything_is_wr
     )
     refused(lambda r: [row.pop("mean_accuracy") for row in r], "no column mean_accuracy")
     refused(lambda r: r[3].update(collapse="melted"), "line 5: collapse 'melted': accepted: empty, or 'round R")
-    refused(lambda r: r[2].update(clients="every one"), "line 4: clients 'every one': accepted: empty, or '<16 hex")
+    markers = "accepted: empty, or 'none', 'unrecorded' or"
+    refused(lambda r: r[2].update(clients="every one"), f"line 4: clients 'every one': {markers}")
     with pytest.raises(ExperimentError, match="nowhere.csv: cannot be read"):
         write_report(experiment, runs, tmp_path / "never", plots=False, earlier=[tmp_path / "nowhere.csv"])
 

@@ -203,7 +203,8 @@ class ClientSequence:
     def parse(cls, text: str) -> ClientSequence | None:
         """The fingerprint a ``results.csv`` cell holds (its ``str()``); None for an empty cell; a ValueError
         naming any other text and the accepted form."""
-        accepted = f"'<{_DIGEST_LENGTH} hex digits> over R rounds (<settings>)'"
+        form = f"'<{_DIGEST_LENGTH} hex digits> over R rounds (<settings>)'"
+        accepted = f"{NO_CLIENTS!r}, {CLIENTS_UNRECORDED!r} or {form}"
         fields = _cell_fields(_CLIENTS_TEXT, text, "clients", accepted)
         if fields is None:
             return None
@@ -213,6 +214,31 @@ class ClientSequence:
 
 _CLIENTS_TEXT = re.compile(rf"([0-9a-f]{{{_DIGEST_LENGTH}}}) over (\d+) rounds \((.*)\)")
 """What :meth:`ClientSequence.__str__` writes, for :meth:`ClientSequence.parse`."""
+
+NO_CLIENTS = "none"
+"""The ``clients`` cell of a finished run that trained no client (Center trains on the server's data alone)."""
+CLIENTS_UNRECORDED = "unrecorded"
+"""The ``clients`` cell of a finished run whose clients are not known: it was read from a ``results.csv`` that
+did not record them. Kept as such, so that a report built on this one does not mistake it for a run that
+trained no client."""
+
+
+def recorded_clients(cell: str | None) -> tuple[ClientSequence | None, bool]:
+    """``(fingerprint, unrecorded)`` from the ``clients`` cell of a finished run's ``results.csv`` row.
+
+    ``None`` (the file has no such column), an empty cell (written before
+    :data:`NO_CLIENTS` and :data:`CLIENTS_UNRECORDED` existed, when an empty
+    cell could mean either) and :data:`CLIENTS_UNRECORDED` all mean the
+    clients are not known; :data:`NO_CLIENTS` that the run trained none.
+
+    >>> recorded_clients(NO_CLIENTS), recorded_clients(""), recorded_clients(None)
+    ((None, False), (None, True), (None, True))
+    """
+    if cell is None or cell in ("", CLIENTS_UNRECORDED):
+        return None, True
+    if cell == NO_CLIENTS:
+        return None, False
+    return ClientSequence.parse(cell), False
 
 
 def find_collapse(rows: Sequence[dict[str, Any]]) -> Collapse | None:
@@ -412,7 +438,7 @@ class RunResult:
     settings: dict[str, Any] = field(default_factory=dict)
     source: Path | None = None  # the results.csv it was read from (no per-round rows then); None: its folder
     recorded_clients: ClientSequence | None = None  # read from that results.csv, where it has them
-    clients_unrecorded: bool = False  # read from a results.csv written before its ``clients`` column
+    clients_unrecorded: bool = False  # read from a results.csv that did not record them (recorded_clients)
 
     @property
     def finished(self) -> bool:
@@ -458,6 +484,7 @@ class RunResult:
             late_max=score("late_max_accuracy"),
         )
         others = {name: value for name in OTHER_SCORES if (value := number(name)) is not None}
+        recorded, unrecorded = recorded_clients(row.get("clients"))
         return cls(
             replace(run, run_dir=Path(row["run_dir"])),
             row["status"],
@@ -468,9 +495,17 @@ class RunResult:
             server_seconds=number("server_seconds"),
             collapse=Collapse.parse(row.get("collapse") or ""),
             source=Path(source),
-            recorded_clients=ClientSequence.parse(row.get("clients") or ""),
-            clients_unrecorded="clients" not in row,
+            recorded_clients=recorded,
+            clients_unrecorded=unrecorded,
         )
+
+    def _clients_cell(self) -> str:
+        """What :func:`recorded_clients` reads back: the fingerprint, or why there is none."""
+        if not self.finished:
+            return ""
+        if (clients := self.clients()) is not None:
+            return str(clients)
+        return CLIENTS_UNRECORDED if self.clients_unrecorded else NO_CLIENTS
 
     def csv_row(self, experiment: str) -> dict[str, Any]:
         scores = self.scores
@@ -491,7 +526,7 @@ class RunResult:
             "final_loss": _cell(self.final_loss),
             **{name: _cell(self.others.get(name)) for name in OTHER_SCORES},
             "collapse": "" if self.collapse is None else str(self.collapse),
-            "clients": "" if not self.finished or (clients := self.clients()) is None else str(clients),
+            "clients": self._clients_cell(),
             "wall_seconds": _cell(self.wall_seconds, 2),
             "server_seconds": _cell(self.server_seconds, 2),
             "run_dir": str(self.run.run_dir),
