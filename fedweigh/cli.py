@@ -35,7 +35,7 @@ from fedweigh.launch.processes import ProcessTree, sigint_ignored
 from fedweigh.launch.progress import PendingRun, RunsProgress
 from fedweigh.launch.runconfig import SimulationError, load_app_config, parse_run_config, prepare_run_config
 from fedweigh.launch.simulation import LocalSimulation
-from fedweigh.launch.superlink import DEFAULT_PORT
+from fedweigh.launch.superlink import DEFAULT_PORT, choose_port
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -62,7 +62,13 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--num-supernodes", type=int, default=DEFAULT_NUM_SUPERNODES)
     sim.add_argument("--cpus-per-client", type=int, default=1)
     sim.add_argument("--gpus-per-client", type=float, default=0.0)
-    sim.add_argument("--port", type=int, default=DEFAULT_PORT)
+    sim.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help=f"port of the SuperLink (default: {DEFAULT_PORT}, or the next free one if another fedweigh "
+        "process owns the SuperLink there)",
+    )
     sim.add_argument(
         "--keep-superlink",
         action="store_true",
@@ -111,7 +117,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     run = PendingRun(str(full.get("run-name") or "run"), settings.num_server_rounds)
     progress = RunsProgress([run], label="simulate", out=sys.stderr)
 
-    sim = LocalSimulation(app, port=args.port, database=args.database, keep_superlink=args.keep_superlink)
+    try:
+        port = choose_port(args.port)
+    except SimulationError as err:
+        print(f"fedweigh: {err}", file=sys.stderr)
+        return 1
+    sim = LocalSimulation(app, port=port, database=args.database, keep_superlink=args.keep_superlink)
     t0 = time.monotonic()
     try:
         with sim:

@@ -49,7 +49,13 @@ def add_benchmark_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("name", choices=[*BENCHMARKS, "all"], help="which benchmark")
     parser.add_argument("--quick", action="store_true", help="a smaller version (fewer rounds and cases)")
     parser.add_argument("--output", type=Path, default=None, help="JSON file (default: benchmarks/results/<name>.json)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port of the benchmark's own SuperLink")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help=f"port of the benchmark's own SuperLink (default: {DEFAULT_PORT}, or the next free one if another "
+        "fedweigh process owns the SuperLink there)",
+    )
     parser.add_argument(
         "--strategies", default=None, help="methods benchmark: comma-separated strategies (default: all registered)"
     )
@@ -560,6 +566,7 @@ def run_command(args: argparse.Namespace) -> int:
     from fedweigh.benchmarks.common import APP_DIR, BenchmarkError, write_json
     from fedweigh.launch.runconfig import SimulationError
     from fedweigh.launch.simulation import LocalSimulation
+    from fedweigh.launch.superlink import choose_port
 
     names = [args.name]
     if args.name == "all":
@@ -573,10 +580,11 @@ def run_command(args: argparse.Namespace) -> int:
     sim = None
     try:
         if _NEEDS_SIMULATION & set(names):
+            port = choose_port(args.port, DEFAULT_PORT)
             sim = LocalSimulation(
                 APP_DIR,
-                port=args.port,
-                connection=f"fedweigh-bench-{args.port}",
+                port=port,
+                connection=f"fedweigh-bench-{port}",
                 shared_ray=args.ray != "per-run",
                 ray_nodes=2 if args.ray == "two-node" else 1,
             )

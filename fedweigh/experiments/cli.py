@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fedweigh.launch.runconfig import SimulationError, load_app_config, parse_run_config
-from fedweigh.launch.superlink import DEFAULT_PORT
+from fedweigh.launch.superlink import DEFAULT_PORT, choose_port
 
 __all__ = ["add_experiment_parser", "default_app_dir", "default_output_dir", "parse_arms", "parse_seeds", "run_command"]
 
@@ -163,7 +163,13 @@ def add_experiment_parser(subparsers: argparse._SubParsersAction) -> None:
             )
         if name == "run":
             sub.add_argument("--dry-run", action="store_true", help="validate and show the plan; run nothing")
-            sub.add_argument("--port", type=int, default=DEFAULT_PORT, help="port of the simulation SuperLink")
+            sub.add_argument(
+                "--port",
+                type=int,
+                default=None,
+                help=f"port of the simulation SuperLink (default: {DEFAULT_PORT}, or the next free one if "
+                "another fedweigh process owns the SuperLink there)",
+            )
             sub.add_argument("--echo", action="store_true", help="print the runs' Flower logs too")
 
 
@@ -210,7 +216,13 @@ def run_command(args: argparse.Namespace) -> int:
             return 2 if problems else 0
         started = time.monotonic()
         outcome = run_experiment(
-            experiment, output_dir, app, defaults, port=args.port, echo=args.echo, report_dir=args.report_dir
+            experiment,
+            output_dir,
+            app,
+            defaults,
+            port=choose_port(args.port),
+            echo=args.echo,
+            report_dir=args.report_dir,
         )
     except SamplingMismatchError as err:
         print(f"fedweigh: {err}", file=sys.stderr)

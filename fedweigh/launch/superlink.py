@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self, TextIO
 
+from fedweigh.launch.claim import PortClaim, available_port
 from fedweigh.launch.commands import (
     FINISHED,
     executable,
@@ -40,6 +41,25 @@ DEFAULT_PORT = int(os.environ.get("FEDWEIGH_SUPERLINK_PORT", "39191"))
 SUPERLINK_STARTUP_TIMEOUT = 60.0
 STATUS_POLL_INTERVAL = 1.0
 STATUS_WAIT_AFTER_STREAM = 120.0
+
+
+def choose_port(given: int | None, default: int = DEFAULT_PORT, out: TextIO | None = None) -> int:
+    """The port a command's SuperLink uses: ``--port`` if given, else ``default``.
+
+    With no ``--port``, a default port whose SuperLink another fedweigh process
+    owns is passed over for the next free one (said on ``out``), so two
+    experiments started side by side do not share, and stop, one SuperLink.
+    """
+    if given is not None:
+        return int(given)
+    port = available_port(default)
+    if port != default:
+        print(
+            f"[fedweigh] port {default} belongs to another fedweigh process's SuperLink; using {port}",
+            file=out or sys.stderr,
+            flush=True,
+        )
+    return port
 
 
 class LocalSuperLink:
@@ -89,6 +109,7 @@ class LocalSuperLink:
         self.shared_ray = shared_ray
         self.ray_nodes = ray_nodes  # nodes of the shared cluster, all on this machine
         self.ray: RayHead | None = None  # the shared Ray cluster we started
+        self.claim = PortClaim(self.port)  # held while we will stop the SuperLink we started
 
     # -- lifecycle ---------------------------------------------------------------------
     def __enter__(self) -> Self:
@@ -110,14 +131,38 @@ class LocalSuperLink:
         print(f"[fedweigh] {msg}", file=self.out or sys.stderr, flush=True)
 
     def start(self) -> None:
-        """Register the connection and start the SuperLink unless one answers."""
+        """Register the connection and start the SuperLink unless one answers.
+
+        A SuperLink that answers is reused only if no other live fedweigh process
+        claims it (it would stop it, with our runs, when its own runs end): then
+        this raises :class:`SimulationError` before anything is submitted.
+        """
+        if not self.claim.acquire():
+            holder = self.claim.holder()
+            raise SimulationError(
+                f"port {self.port}: its SuperLink belongs to another fedweigh process"
+                + (f" (pid {holder})" if holder else "")
+                + ", which stops it when its own runs end, and runs sent there would end with them. "
+                f"Give this command a port of its own (--port; {available_port(self.port)} is free), "
+                "or leave --port out to have one picked"
+            )
         write_connection(self.flwr_home, self.connection, self.address)
         if superlink_is_up(self.port):
+            self.claim.release()  # not ours to stop: a SuperLink kept running, or not fedweigh's
             self._say(
                 f"reusing the SuperLink already answering on {self.address} "
                 "(its environment, e.g. OMP_NUM_THREADS, is whatever it was started with)"
             )
             return
+        try:
+            self._start_process()
+        except BaseException:
+            self.claim.release()
+            raise
+        if self.keep_superlink:
+            self.claim.release()  # we will not stop it, so others may reuse it
+
+    def _start_process(self) -> None:
         if self.shared_ray and not self.keep_superlink and not self.env.get("RAY_ADDRESS"):
             self.ray = RayHead(self.env, self.flwr_home / f"ray-{self.port}.log", nodes=self.ray_nodes)
             self.ray.start()
@@ -214,6 +259,7 @@ class LocalSuperLink:
         self.tree = None
         self.pid_path.unlink(missing_ok=True)
         self._stop_ray()
+        self.claim.release()
         self.stop_seconds = time.monotonic() - t0
         extra = f" (had to SIGKILL {killed})" if killed else ""
         self._say(f"SuperLink (pid {pid}) stopped in {self.stop_seconds:.1f}s{extra}")

@@ -1,0 +1,117 @@
+"""Who owns the local SuperLink on a port: a host-wide claim held while its owner lives.
+
+A :class:`~fedweigh.launch.superlink.LocalSuperLink` that starts a SuperLink
+stops it again when its own runs end. A second fedweigh process that found
+that SuperLink answering and sent its runs there would lose them mid-run. So
+the starter holds a :class:`PortClaim` (an ``flock`` on
+``<tmpdir>/fedweigh-superlink-<port>.claim``) for as long as it will stop the
+SuperLink; the kernel drops the lock when the process ends, however it ends.
+A SuperLink left running on purpose (``--keep-superlink``) is unclaimed, and
+anyone may reuse it.
+
+:func:`available_port` picks the port for a command given no ``--port``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from fedweigh.launch.commands import superlink_is_up
+from fedweigh.launch.runconfig import SimulationError
+
+CLAIM_DIR_ENV = "FEDWEIGH_CLAIM_DIR"  # where the claims live (tests use their own); default: the temp dir
+PORT_SEARCH_SPAN = 100
+
+
+def claim_path(port: int) -> Path:
+    """The file whose lock claims ``port`` on this host."""
+    root = Path(os.environ.get(CLAIM_DIR_ENV) or tempfile.gettempdir())
+    return root / f"fedweigh-superlink-{int(port)}.claim"
+
+
+class PortClaim:
+    """An exclusive, non-blocking claim on one port, held until :meth:`release` or exit."""
+
+    def __init__(self, port: int) -> None:
+        self.port = int(port)
+        self.path = claim_path(port)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> bool:
+        """Take the claim; False if another live process holds it."""
+        if self._fd is not None:
+            return True
+        fd = _open(self.path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        try:  # the holder's pid, for the message another process shows
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass  # a file another user created: the lock still counts, the pid is just not shown
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+    def holder(self) -> int | None:
+        """The pid that holds the claim (0 if unknown), or None if nobody does."""
+        if self._fd is not None:
+            return os.getpid()
+        if not self.path.exists():
+            return None
+        if self.acquire():  # nobody held it
+            self.release()
+            return None
+        try:
+            return int(self.path.read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+
+def _open(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:  # created by another user: locking needs no write access
+        return os.open(path, os.O_RDONLY)
+
+
+def available_port(preferred: int, is_up: Callable[[int], bool] = superlink_is_up) -> int:
+    """``preferred``, unless another fedweigh process owns the SuperLink there; then the next free port.
+
+    A port counts as free when no process claims it, nothing answers there
+    (``is_up``: a SuperLink's health check) and it can be bound. An unclaimed
+    SuperLink on ``preferred`` (one kept running) is reused, as before.
+    """
+    if PortClaim(preferred).holder() is None:
+        return preferred
+    for port in range(preferred + 1, preferred + 1 + PORT_SEARCH_SPAN):
+        if PortClaim(port).holder() is None and not is_up(port) and _bindable(port):
+            return port
+    raise SimulationError(f"no free port in {preferred + 1}-{preferred + PORT_SEARCH_SPAN} for a SuperLink")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
