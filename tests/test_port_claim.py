@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fedweigh.launch.claim import CLAIM_DIR_ENV, PortClaim, available_port
+from fedweigh.launch.claim import CLAIM_DIR_ENV, PortClaim, available_port, claim_for
 from fedweigh.launch.processes import free_port
 from fedweigh.launch.runconfig import SimulationError
 from fedweigh.launch.superlink import LocalSuperLink, choose_port
@@ -164,10 +164,25 @@ def test_a_port_given_is_kept_and_a_default_port_in_use_is_passed_over(holder: H
 
     picked = choose_port(None, default=taken, out=Out())  # type: ignore[arg-type]
     assert picked != taken
-    assert PortClaim(picked).holder() is None
     assert f"port {taken} belongs to another fedweigh process's SuperLink; using {picked}" in "".join(lines)
+    claim_for(picked).release()
     holder.release()
     assert choose_port(None, default=taken) == taken
+    claim_for(taken).release()
+
+
+def test_a_port_picked_is_claimed_at_once_and_handed_to_the_launcher(answering: int, tmp_path: Path) -> None:
+    """Two commands started at the same moment must not both pick the default port."""
+    first = choose_port(None, default=answering)
+    second = choose_port(None, default=answering)  # as another command would, before the first starts
+    assert first == answering  # nobody owned it: an unclaimed SuperLink there is reused, as before
+    assert second != first
+    assert Holder(first).state == "taken"  # claimed from the moment it was picked
+    claim_for(second).release()
+    link = LocalSuperLink(REPO, port=first, flwr_home=tmp_path / "home", connection="picked")
+    link.start()  # takes the claim over instead of tripping on it
+    assert not link.started_superlink
+    assert Holder(first).state == "held"  # reusing, it let the claim go
 
 
 def test_the_next_free_port_skips_claimed_and_answering_ports(answering: int) -> None:

@@ -9,7 +9,9 @@ SuperLink; the kernel drops the lock when the process ends, however it ends.
 A SuperLink left running on purpose (``--keep-superlink``) is unclaimed, and
 anyone may reuse it.
 
-:func:`available_port` picks the port for a command given no ``--port``.
+:func:`reserve_port` picks the port for a command given no ``--port`` and claims
+it at once, so that two commands started at the same moment cannot pick the
+same one; the launcher that follows takes that claim over (:func:`claim_for`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from fedweigh.launch.runconfig import SimulationError
 
 CLAIM_DIR_ENV = "FEDWEIGH_CLAIM_DIR"  # where the claims live (tests use their own); default: the temp dir
 PORT_SEARCH_SPAN = 100
+RESERVE_ATTEMPTS = 10
 
 
 def claim_path(port: int) -> Path:
@@ -115,3 +118,22 @@ def _bindable(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+_reserved: dict[int, PortClaim] = {}  # claims reserve_port took, until a launcher takes them over
+
+
+def reserve_port(preferred: int, is_up: Callable[[int], bool] = superlink_is_up) -> int:
+    """:func:`available_port`, claimed for this process before it is returned."""
+    for _ in range(RESERVE_ATTEMPTS):
+        port = available_port(preferred, is_up)
+        claim = _reserved.get(port) or PortClaim(port)
+        if claim.acquire():  # fails only if another process claimed it since available_port looked
+            _reserved[port] = claim
+            return port
+    raise SimulationError(f"no port near {preferred} stayed free for a SuperLink ({RESERVE_ATTEMPTS} attempts)")
+
+
+def claim_for(port: int) -> PortClaim:
+    """The claim :func:`reserve_port` took on ``port`` (handed over once), else a fresh one."""
+    return _reserved.pop(int(port), None) or PortClaim(port)

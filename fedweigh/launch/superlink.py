@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self, TextIO
 
-from fedweigh.launch.claim import PortClaim, available_port
+from fedweigh.launch.claim import available_port, claim_for, reserve_port
 from fedweigh.launch.commands import (
     FINISHED,
     executable,
@@ -48,11 +48,12 @@ def choose_port(given: int | None, default: int = DEFAULT_PORT, out: TextIO | No
 
     With no ``--port``, a default port whose SuperLink another fedweigh process
     owns is passed over for the next free one (said on ``out``), so two
-    experiments started side by side do not share, and stop, one SuperLink.
+    experiments started side by side do not share, and stop, one SuperLink. The
+    port chosen is claimed at once, for the :class:`LocalSuperLink` that follows.
     """
     if given is not None:
         return int(given)
-    port = available_port(default)
+    port = reserve_port(default)
     if port != default:
         print(
             f"[fedweigh] port {default} belongs to another fedweigh process's SuperLink; using {port}",
@@ -109,7 +110,7 @@ class LocalSuperLink:
         self.shared_ray = shared_ray
         self.ray_nodes = ray_nodes  # nodes of the shared cluster, all on this machine
         self.ray: RayHead | None = None  # the shared Ray cluster we started
-        self.claim = PortClaim(self.port)  # held while we will stop the SuperLink we started
+        self.claim = claim_for(self.port)  # held while we will stop the SuperLink we started
 
     # -- lifecycle ---------------------------------------------------------------------
     def __enter__(self) -> Self:
