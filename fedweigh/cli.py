@@ -35,7 +35,7 @@ from fedweigh.launch.processes import ProcessTree, sigint_ignored
 from fedweigh.launch.progress import PendingRun, RunsProgress
 from fedweigh.launch.runconfig import SimulationError, load_app_config, parse_run_config, prepare_run_config
 from fedweigh.launch.simulation import LocalSimulation
-from fedweigh.launch.superlink import DEFAULT_PORT, choose_port
+from fedweigh.launch.superlink import DEFAULT_PORT, choose_port, port_help
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -66,8 +66,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--port",
         type=int,
         default=None,
-        help=f"port of the SuperLink (default: {DEFAULT_PORT}, or the next free one if another fedweigh "
-        "process owns the SuperLink there)",
+        help=port_help(DEFAULT_PORT),
     )
     sim.add_argument(
         "--keep-superlink",

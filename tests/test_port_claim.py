@@ -7,6 +7,7 @@ while the first one runs) and synchronise on the child's lines, not on sleeps.
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 import threading
@@ -153,18 +154,10 @@ def test_an_unclaimed_superlink_is_reused_and_left_unclaimed(answering: int, tmp
 def test_a_port_given_is_kept_and_a_default_port_in_use_is_passed_over(holder: Holder) -> None:
     taken = int(holder.proc.args[-1])
     assert choose_port(taken) == taken  # --port given: used as given (start() then says why not)
-    lines: list[str] = []
-
-    class Out:
-        def write(self, text: str) -> None:
-            lines.append(text)
-
-        def flush(self) -> None:
-            pass
-
-    picked = choose_port(None, default=taken, out=Out())  # type: ignore[arg-type]
+    out = io.StringIO()
+    picked = choose_port(None, default=taken, out=out)
     assert picked != taken
-    assert f"port {taken} belongs to another fedweigh process's SuperLink; using {picked}" in "".join(lines)
+    assert f"port {taken} belongs to another fedweigh process's SuperLink; using {picked}" in out.getvalue()
     claim_for(picked).release()
     holder.release()
     assert choose_port(None, default=taken) == taken

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fedweigh.launch.superlink import choose_port, port_help
+
 __all__ = ["BENCHMARKS", "add_benchmark_parser", "run_benchmark", "run_command", "render_table"]
 
 BENCHMARKS = (
@@ -53,8 +55,7 @@ def add_benchmark_parser(subparsers: argparse._SubParsersAction) -> None:
         "--port",
         type=int,
         default=None,
-        help=f"port of the benchmark's own SuperLink (default: {DEFAULT_PORT}, or the next free one if another "
-        "fedweigh process owns the SuperLink there)",
+        help=port_help(DEFAULT_PORT, "the benchmark's own SuperLink"),
     )
     parser.add_argument(
         "--strategies", default=None, help="methods benchmark: comma-separated strategies (default: all registered)"
@@ -566,7 +567,6 @@ def run_command(args: argparse.Namespace) -> int:
     from fedweigh.benchmarks.common import APP_DIR, BenchmarkError, write_json
     from fedweigh.launch.runconfig import SimulationError
     from fedweigh.launch.simulation import LocalSimulation
-    from fedweigh.launch.superlink import choose_port
 
     names = [args.name]
     if args.name == "all":

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fedweigh.launch.runconfig import SimulationError, load_app_config, parse_run_config
-from fedweigh.launch.superlink import DEFAULT_PORT, choose_port
+from fedweigh.launch.superlink import DEFAULT_PORT, choose_port, port_help
 
 __all__ = ["add_experiment_parser", "default_app_dir", "default_output_dir", "parse_arms", "parse_seeds", "run_command"]
 
@@ -167,8 +167,7 @@ def add_experiment_parser(subparsers: argparse._SubParsersAction) -> None:
                 "--port",
                 type=int,
                 default=None,
-                help=f"port of the simulation SuperLink (default: {DEFAULT_PORT}, or the next free one if "
-                "another fedweigh process owns the SuperLink there)",
+                help=port_help(DEFAULT_PORT, "the simulation SuperLink"),
             )
             sub.add_argument("--echo", action="store_true", help="print the runs' Flower logs too")
 

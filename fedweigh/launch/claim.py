@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import fcntl
 import os
-import socket
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from fedweigh.launch.commands import superlink_is_up
+from fedweigh.launch.processes import port_is_bindable
 from fedweigh.launch.runconfig import SimulationError
 
 CLAIM_DIR_ENV = "FEDWEIGH_CLAIM_DIR"  # where the claims live (tests use their own); default: the temp dir
@@ -44,10 +44,6 @@ class PortClaim:
         self.port = int(port)
         self.path = claim_path(port)
         self._fd: int | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
 
     def acquire(self) -> bool:
         """Take the claim; False if another live process holds it."""
@@ -106,18 +102,9 @@ def available_port(preferred: int, is_up: Callable[[int], bool] = superlink_is_u
     if PortClaim(preferred).holder() is None:
         return preferred
     for port in range(preferred + 1, preferred + 1 + PORT_SEARCH_SPAN):
-        if PortClaim(port).holder() is None and not is_up(port) and _bindable(port):
+        if PortClaim(port).holder() is None and not is_up(port) and port_is_bindable(port):
             return port
     raise SimulationError(f"no free port in {preferred + 1}-{preferred + PORT_SEARCH_SPAN} for a SuperLink")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 _reserved: dict[int, PortClaim] = {}  # claims reserve_port took, until a launcher takes them over
@@ -127,7 +114,7 @@ def reserve_port(preferred: int, is_up: Callable[[int], bool] = superlink_is_up)
     """:func:`available_port`, claimed for this process before it is returned."""
     for _ in range(RESERVE_ATTEMPTS):
         port = available_port(preferred, is_up)
-        claim = _reserved.get(port) or PortClaim(port)
+        claim = PortClaim(port)  # available_port skips ports this process reserved already
         if claim.acquire():  # fails only if another process claimed it since available_port looked
             _reserved[port] = claim
             return port

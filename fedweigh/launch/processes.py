@@ -218,6 +218,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def port_is_bindable(port: int) -> bool:
+    """True if nothing listens on ``port`` (on 127.0.0.1) at the moment."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port_options(*names: str) -> list[str]:
     """``--<name> <free port>`` for each name (``ray start`` options), so a node shares no port with another."""
     return [arg for name in names for arg in (f"--{name}", str(free_port()))]

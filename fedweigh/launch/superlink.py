@@ -43,6 +43,12 @@ STATUS_POLL_INTERVAL = 1.0
 STATUS_WAIT_AFTER_STREAM = 120.0
 
 
+def port_help(default: int, what: str = "the SuperLink") -> str:
+    """The ``--port`` help of a command that starts a local SuperLink (see :func:`choose_port`)."""
+    taken = "another fedweigh process owns the SuperLink there"
+    return f"port of {what} (default: {default}, or the next free one if {taken})"
+
+
 def choose_port(given: int | None, default: int = DEFAULT_PORT, out: TextIO | None = None) -> int:
     """The port a command's SuperLink uses: ``--port`` if given, else ``default``.
 
