@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -30,7 +33,7 @@ from conftest import REPO
 
 from fedweigh.launch.commands import build_federation_config, simulation_env
 from fedweigh.launch.processes import ProcessTree, free_port, free_port_options
-from fedweigh.launch.ray import NODE_PORTS, RayNode
+from fedweigh.launch.ray import NODE_PORTS, RayHead, RayNode
 from fedweigh.launch.simulation import LocalSimulation
 from fedweigh.results import read_metrics
 
@@ -59,6 +62,16 @@ class Observer:
 
     def actor_pids(self, name: str) -> set[int]:
         return {pid for pid, cmdline in self.titles if cmdline.startswith(f"ray::{name}")}
+
+    def raylet_worker_ports(self) -> list[tuple[str, str]]:
+        """(min, max) worker port of each raylet seen below the node."""
+        found = []
+        for _, cmdline in self.titles:
+            if "/raylet/raylet " in cmdline:
+                low = re.search(r"--min_worker_port=(\d+)", cmdline)
+                high = re.search(r"--max_worker_port=(\d+)", cmdline)
+                found.append((low and low.group(1), high and high.group(1)))
+        return found
 
 
 class Watcher(threading.Thread):
@@ -184,6 +197,8 @@ def test_simulation_runs_on_the_second_node_of_an_existing_cluster(ray_cluster, 
     assert on_head.actor_pids("ClientAppActor") == set()  # the head has no GPU to give
     logged = {int(pid) for pid in re.findall(r"ClientAppActor pid=(\d+)", log)}
     assert logged <= on_worker.actor_pids("ClientAppActor")
+    # Two nodes on one machine: neither counts worker ports from Ray's 10002 (see the test below).
+    assert on_head.raylet_worker_ports() == on_worker.raylet_worker_ports() == [("0", "0")]
 
 
 @pytest.mark.xdist_group("simulation")
@@ -215,6 +230,7 @@ def test_shared_ray_cluster_serves_every_run(shared_simulation, tmp_path):
         watcher.stop()
     assert all(outcome.ok for outcome in outcomes), [(o.status, o.details) for o in outcomes]
     assert all(actors_of_run for actors_of_run in per_run), "every run's ClientApps ran on the shared cluster"
+    assert on_head.raylet_worker_ports() == [("0", "0")], "the OS picks the workers' ports, as for ray.init()"
     assert not per_run[0] & per_run[1], "a run's actors are its own, never reused by the next run"
 
 
@@ -225,3 +241,41 @@ def test_a_stopped_simulation_forgets_its_shared_cluster(tmp_path):
     assert simulation.ray is None and "RAY_ADDRESS" not in simulation.env
     alive = ProcessTree._living(head_tree.known, head_tree.refresh())
     assert not alive, f"the shared cluster left processes behind: {alive}"
+
+
+DRIVER = """
+import sys, ray
+ray.init(address=sys.argv[1], logging_level="ERROR")
+print("tasks", sum(ray.get([ray.remote(lambda: 1).remote() for _ in range(2)])), flush=True)
+"""
+
+
+def test_two_shared_clusters_started_together_serve_a_driver_each(tmp_path):
+    """Two experiments started at the same moment: two shared clusters, a run's driver on each at once.
+
+    With ``ray start``'s default worker ports both clusters handed their first
+    driver the same port and one driver died binding it (5 of 5 tries on the
+    project machine): in an experiment, a run failing with "No heartbeat
+    received from the task" about a minute after it started.
+    """
+    env = simulation_env(tmp_path / "flwr")
+    heads = [RayHead(env, tmp_path / f"ray{i}.log") for i in range(2)]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(RayHead.start, heads))
+        drivers = [
+            subprocess.Popen(
+                [sys.executable, "-c", DRIVER, head.address],
+                env=head.env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for head in heads
+        ]
+        results = [(driver.wait(timeout=120), driver.stdout.read()) for driver in drivers]
+    finally:
+        for head in heads:
+            head.stop()
+    for rc, output in results:
+        assert rc == 0 and "tasks 2" in output, output[:3000]  # the cause comes first, the stack trace after

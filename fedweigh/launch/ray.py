@@ -23,18 +23,32 @@ NODE_PORTS = ("node-manager-port", "object-manager-port", "dashboard-agent-liste
 NODE_PORTS += ("dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
 """The ``ray start`` port options of a node's own listeners; two nodes on one machine need each its own."""
 
+WORKER_PORTS_FROM_OS = ("--min-worker-port", "0", "--max-worker-port", "0")
+"""Every worker's and driver's port chosen by the OS, as ``ray.init()`` does.
+
+``ray start`` hands its workers (the ClientApp actors) and drivers (a run's
+``flwr-simulation``) ports from 10002 up by default, each node counting on its
+own. Two nodes on one machine, such as the clusters of two experiments started
+together, then give the same port to two processes at once; the second to bind
+it dies ("Failed to start the grpc server ... Address already in use"), and a
+run whose driver dies so fails with "No heartbeat received from the task".
+"""
+
 
 class RayNode:
     """One Ray node run by ``ray start --block <argv>``; all its processes stay below that one.
 
     :meth:`start` returns once the node is up; :meth:`stop` terminates it
     (``ray start --block`` stops its node on SIGTERM) and SIGKILLs leftovers.
+    Unless ``argv`` chooses the worker ports, the OS does
+    (:data:`WORKER_PORTS_FROM_OS`).
     """
 
     STARTED = "Ray runtime started"
 
     def __init__(self, argv: list[str], log_path: Path, env: Mapping[str, str], startup_timeout: float = 120.0) -> None:
-        self.argv = list(argv)
+        chosen = any(arg.split("=")[0] in ("--min-worker-port", "--worker-port-list") for arg in argv)
+        self.argv = list(argv) if chosen else [*argv, *WORKER_PORTS_FROM_OS]
         self.log_path = log_path
         self.env = {**env, "RAY_USAGE_STATS_ENABLED": "0"}
         self.startup_timeout = startup_timeout
