@@ -10,7 +10,7 @@ on a GPU, where a round's work takes tens of milliseconds, most of the run
 (``docs/benchmarks.md``).
 
 :func:`prepare` (run when the app is imported into a simulation process,
-before the engine starts: ``fedweigh/__init__.py``) changes four things,
+before the engine starts: ``fedweigh/__init__.py``) changes these things,
 for Flower :data:`SUPPORTED_FLOWER` only:
 
 * the in-memory link state's ``store_message_ins`` and ``store_message_res``
@@ -27,11 +27,18 @@ for Flower :data:`SUPPORTED_FLOWER` only:
   (:data:`NODES`), so that the ServerApp, a thread of the same process,
   knows each node's partition without asking it with a message
   (:func:`simulated_partitions`): that query cost 0.03-0.05 s per node at
-  start-up (10,000 clients: 450 s).
+  start-up (10,000 clients: 450 s);
+* with ``simulation-backend = "in-process"`` in the run config, ``run_api``
+  builds :func:`in_process_backend` instead of Flower's Ray backend (Flower
+  1.41 builds Ray's whatever backend its federation config names): the
+  ClientApp runs in the simulation's own process, one message at a time,
+  and the model reaches it as the object the ServerApp stored, not as a
+  copy carried through Ray's object store and back (about 11 ms a 2 MB
+  message on 2 CPU cores).
 
-Only when a message is handed on changes, never what: results are the same.
-``event-driven-simulation = false`` (``Hub.enabled``) brings Flower's polling
-back for comparison. A deployment is never touched: its SuperLink and
+Only when and where a message is handled changes, never what: results are
+the same. ``event-driven-simulation = false`` (``Hub.enabled``) brings
+Flower's polling back for comparison. A deployment is never touched: its SuperLink and
 SuperNodes run in their own processes, with their own state. Other Flower
 versions keep their own behaviour (a log line says so), and
 ``tests/test_wakeup.py`` fails on an upgrade until this module is checked
@@ -47,6 +54,8 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from queue import Queue
 from typing import Any
+
+from fedweigh.settings import IN_PROCESS_BACKEND, SettingsError, validate
 
 SUPPORTED_FLOWER = "1.41."
 """Flower versions (a prefix) whose engine this module has been checked against."""
@@ -240,10 +249,87 @@ def node_config_of(store: Any) -> NodeConfig:
     return int(config.get("partition-id", -1)), int(config.get("num-partitions", 0))
 
 
+def requested_backend(node_info_stores: Mapping[int, Any]) -> str:
+    """The ``simulation-backend`` the run config of the engine's nodes asks for; ``"ray"`` where it is not valid.
+
+    Every node of a simulation holds the same run config (the app's with the run's overrides). A run config
+    that does not validate is the ServerApp's to refuse, with its message; the engine then starts Flower's own.
+    """
+    for store in node_info_stores.values():
+        for info in store.run_infos.values():
+            try:
+                return validate(info.initial_run_config).simulation_backend
+            except SettingsError:
+                return "ray"
+    return "ray"
+
+
+@functools.cache
+def _in_process_backend_class() -> type:
+    from flwr.clientapp.client_app import ClientAppException, LoadClientAppError
+    from flwr.server.superlink.fleet.vce.backend import Backend
+
+    class InProcessBackend(Backend):
+        """Flower's simulation backend interface, running the ClientApp in this process, one message at a time.
+
+        What Flower's Ray actor does with a message (``ClientAppActor.run``), without the actor: the ClientApp
+        handles the message and its context, and an exception it raises becomes a
+        ``ClientAppException``, which the engine turns into an error reply as it does for Ray.
+        """
+
+        def __init__(self, backend_config: Any = None) -> None:
+            super().__init__(backend_config or {})
+            self.app_fn: Callable[[], Any] | None = None
+
+        def build(self, app_fn: Callable[[], Any]) -> None:
+            self.app_fn = app_fn
+
+        @property
+        def num_workers(self) -> int:
+            return 1  # one worker: one message at a time, as a single Ray actor runs them
+
+        def is_worker_idle(self) -> bool:
+            return self.app_fn is not None
+
+        def terminate(self) -> None:
+            self.app_fn = None
+
+        def process_message(self, message: Any, context: Any) -> tuple[Any, Any]:
+            if self.app_fn is None:
+                raise ValueError("the in-process backend runs messages only after build()")
+            try:
+                reply = self.app_fn()(message=message, context=context)
+            except LoadClientAppError:
+                raise
+            except Exception as error:  # noqa: BLE001 - reported to the ServerApp as the Ray backend reports it
+                raise ClientAppException(str(error)) from error
+            return reply, context
+
+    return InProcessBackend
+
+
+def in_process_backend(backend_config: Any = None) -> Any:
+    """A simulation backend (Flower 1.41's ``Backend``) that runs the ClientApp in this process."""
+    return _in_process_backend_class()(backend_config)
+
+
+class EngineRecord:
+    """Which backend the engine of this process built for its latest federation (for logs, tests, benchmarks)."""
+
+    def __init__(self) -> None:
+        self.backend = ""
+
+
+ENGINE = EngineRecord()
+
+
 def _publishing(run_api: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(run_api)
     def publish_and_run(*args: Any) -> Any:  # Flower 1.41 calls it with positional arguments only
         node_info_stores = args[4]
+        ENGINE.backend = requested_backend(node_info_stores)
+        if ENGINE.backend == IN_PROCESS_BACKEND:
+            args = (args[0], in_process_backend, *args[2:])
         NODES.publish({node: node_config_of(store) for node, store in node_info_stores.items()})
         return run_api(*args)
 
@@ -298,9 +384,10 @@ def describe(grid: Any) -> str:
     import flwr
 
     if not flwr.__version__.startswith(SUPPORTED_FLOWER):
-        checked = f"the event-driven hand-off is checked on {SUPPORTED_FLOWER}x"
-        return f"flwr {flwr.__version__}: Flower's own polling ({checked})"
+        checked = f"the event-driven hand-off and the in-process backend are checked on {SUPPORTED_FLOWER}x"
+        return f"flwr {flwr.__version__}: Flower's own polling and Ray actors ({checked})"
     if not applies_to(grid):
         return "not a simulation: Flower's own message handling"
     engine = "event-driven" if HUB.extractor_running.is_set() else "Flower's 0.1 s polling (it started before the app)"
-    return f"simulation hand-off: replies event-driven; the engine's loop {engine}"
+    where = "the ClientApp runs in this process" if ENGINE.backend == IN_PROCESS_BACKEND else "ClientApps in Ray actors"
+    return f"simulation hand-off: replies event-driven; the engine's loop {engine}; {where}"

@@ -259,6 +259,9 @@ class FedFTSettings(_Section):
 
 
 CLIENT_SAMPLERS = ("per-round", "python-sequence")
+IN_PROCESS_BACKEND = "in-process"
+"""The simulation backend that runs the ClientApp in the simulation's own process (fedweigh/engine.py)."""
+SIMULATION_BACKENDS = ("ray", IN_PROCESS_BACKEND)
 """Accepted values of ``client-sampling`` (:mod:`fedweigh.strategies.sampling` draws them)."""
 
 PARTITIONERS = ("iid", "dirichlet", "soft-capped-dirichlet", "niid-bench-dirichlet", "pathological", "shard")
@@ -335,6 +338,9 @@ class Settings(_Section):
     round_timeout: float = Field(3600.0, gt=0.0, allow_inf_nan=False)  # seconds a round waits for replies
     # simulation: the engine hands messages on when they are stored (false: Flower 1.41's 0.1 s polling loops)
     event_driven_simulation: bool = True
+    # simulation: "ray" runs each ClientApp in a Ray actor (Flower's backend); "in-process" in the simulation's
+    # own process, one message at a time, with no copy of the model through Ray (fedweigh/engine.py)
+    simulation_backend: Literal[SIMULATION_BACKENDS] = "ray"
     # robust aggregation, off by default (the papers' methods as published)
     update_norm_bound: float = Field(0.0, ge=0.0, allow_inf_nan=False)  # cap ||update|| at this x the round's median
     trimmed_mean: float = Field(0.0, ge=0.0, lt=0.5)  # share trimmed at each end, per coordinate; 0: the plain mean

@@ -197,12 +197,16 @@ def test_gpu_cases_are_the_cpu_settings_with_a_gpu_share_and_render_with_it():
     cases = gpu_cases(quick=False)
     assert [(s.name, share) for s, share in cases] == [
         ("fedoui-cifar10", 1.0),
-        ("fedoui-cifar10-polling", 1.0),
+        ("fedoui-cifar10-in-process", 1.0),
         ("resnet18-cifar10", 1.0),
+        ("resnet18-cifar10-in-process", 1.0),
         ("resnet18-cifar10", SHARED_GPU),
+        ("fedoui-cifar10-polling", 1.0),
     ]
     assert cases[0][0] == fedoui_cifar10(60) and cases[2][0] == resnet18_cifar10(20)
-    assert cases[1][0].run_config == {**fedoui_cifar10(60).run_config, "event-driven-simulation": False}
+    assert cases[1][0].run_config == {**fedoui_cifar10(60).run_config, "simulation-backend": "in-process"}
+    assert cases[3][0].run_config == {**resnet18_cifar10(20).run_config, "simulation-backend": "in-process"}
+    assert cases[5][0].run_config == {**fedoui_cifar10(60).run_config, "event-driven-simulation": False}
     row = {
         "setting": "resnet18-cifar10",
         "gpus_per_client": 0.2,
@@ -264,7 +268,7 @@ def test_gpu_benchmark_hands_on_each_finished_case_before_the_next(monkeypatch):
 
     report = run_benchmark("gpu-overhead", quick=True, progress=progress)
     names = [case["setting"] for case in report["settings"]]
-    assert seen == [(True, "gpu-overhead", names[:done]) for done in (1, 2, 3, 4)]
+    assert seen == [(True, "gpu-overhead", names[:done]) for done in range(1, len(names) + 1)]
     assert "partial" not in report
     assert ran == [(s.name, share) for s, share in gpu.gpu_cases(quick=True)]
     assert report["fine_tuning"]["device"] == "cuda"

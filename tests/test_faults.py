@@ -210,8 +210,11 @@ def test_too_few_healthy_clients_skip_the_round_with_a_log_line(output_dir, capl
 
 
 @pytest.mark.xdist_group("simulation")
-def test_faults_are_survived_in_a_real_simulation(shared_simulation, tmp_path, caplog):
-    """The same switch through ``flwr run`` on Ray: the instruction names the fault, the ClientApp commits it."""
+@pytest.mark.parametrize("backend", ["ray", "in-process"])
+def test_faults_are_survived_in_a_real_simulation(shared_simulation, tmp_path, backend):
+    """The same switch through ``flwr run``, with the ClientApps in Ray actors and in the simulation's own process
+    (``simulation-backend``): the instruction names the fault, the ClientApp commits it. In-process, a ClientApp
+    that raises is an error reply as on Ray, and the simulation goes on."""
     kinds = "exception,nan,duplicate,old-round"
     config = {
         "strategy": "fedoui",
@@ -220,6 +223,7 @@ def test_faults_are_survived_in_a_real_simulation(shared_simulation, tmp_path, c
         "seed": 4,
         "faults.kinds": kinds,
         "faults.fraction": 0.5,
+        "simulation-backend": backend,
         "output-dir": str(tmp_path),
         "run-name": "faults",
     }

@@ -33,6 +33,7 @@ from fedweigh.rules.base import complement_share_weights
 pytestmark = pytest.mark.xdist_group("simulation")
 
 SMALL = {"num-server-rounds": 2, "fraction-train": 0.5, "seed": 3}
+IN_PROCESS = {"simulation-backend": "in-process"}
 FEDDLE_ASYNC = {
     "strategy": "feddle",
     "server-data": str(SHARED_DATASETS / "mnist"),
@@ -133,13 +134,15 @@ def run_killed(simulation, output_dir, name: str, after_round: int, **config) ->
 
 @pytest.fixture(scope="session")
 def runs(shared_simulation, output_dir):
-    """FedAvg, 3 rounds; FLood (client steps and a per-round value over the wire), 2, twice: the second time with
-    the engine's event-driven hand-off switched off; FedAvg, 3 rounds, its server killed after round 1, then
+    """FedAvg, 3 rounds; FLood (client steps and a per-round value over the wire), 2, three times: the second
+    time with the engine's event-driven hand-off switched off, the third with the ClientApp in the simulation's
+    own process instead of Ray actors; FedAvg, 3 rounds, its server killed after round 1, then
     resumed; Feddle with out-of-distribution server data and delayed clients, 4."""
     flood_config = {"strategy": "flood", "flood.halt-round": 1, "flood.a": 2.0}
     straight = run(shared_simulation, output_dir, "fedavg", **{"num-server-rounds": 3})
     flood = run(shared_simulation, output_dir, "flood", **flood_config)
     again = run(shared_simulation, output_dir, "flood-again", **flood_config, **{"event-driven-simulation": False})
+    in_process = run(shared_simulation, output_dir, "flood-in-process", **flood_config, **IN_PROCESS)
     killed = run_killed(shared_simulation, output_dir, "killed", after_round=1, **{"num-server-rounds": 3})
     resumed = run(
         shared_simulation, output_dir, "resumed", **{"num-server-rounds": 3, "resume-from": str(killed["folder"])}
@@ -149,6 +152,7 @@ def runs(shared_simulation, output_dir):
         "fedavg": straight,
         "flood": flood,
         "flood-again": again,
+        "flood-in-process": in_process,
         "killed": killed,
         "resumed": resumed,
         "feddle": feddle,
@@ -210,6 +214,17 @@ def comparable(folder) -> tuple[str, str]:
     return json.dumps(without_timing(read_metrics(folder))), json.dumps(summary)
 
 
+def assert_same_files(first: Path, second: Path) -> None:
+    """Two runs wrote the same metrics and summary (wall times aside) and the same final model, byte for byte."""
+    assert comparable(second) == comparable(first)
+    assert (second / MODEL_FILE).read_bytes() == (first / MODEL_FILE).read_bytes()
+
+
+def logs(output_dir: Path, *names: str) -> list[str]:
+    """The runs' logs (Flower's and the app's), as :func:`run` wrote them."""
+    return [(output_dir / f"{name}.log").read_text() for name in names]
+
+
 def test_a_run_killed_and_resumed_ends_exactly_where_the_uninterrupted_one_does(runs):
     straight, killed, resumed = runs["fedavg"], runs["killed"], runs["resumed"]
     assert "flwr-simulation" in killed["server"] and killed["outcome"].status != COMPLETED
@@ -232,13 +247,20 @@ def test_a_config_run_twice_gives_the_same_files_with_or_without_the_event_drive
     when they are stored; the second run switches that off and goes by Flower's
     polling: the very same files come out.
     """
-    first, second = runs["flood"], runs["flood-again"]
-    assert comparable(second) == comparable(first)
-    assert (second / MODEL_FILE).read_bytes() == (first / MODEL_FILE).read_bytes()
-    driven, polling = ((output_dir / f"{name}.log").read_text() for name in ("flood", "flood-again"))
+    assert_same_files(runs["flood"], runs["flood-again"])
+    driven, polling = logs(output_dir, "flood", "flood-again")
     assert "simulation hand-off: replies event-driven; the engine's loop event-driven" in driven
     assert "Flower's 0.1 s polling (event-driven-simulation = false)" in polling
     assert "Flower's 0.1 s polling" not in driven
+
+
+def test_the_in_process_backend_computes_what_ray_actors_compute(runs, output_dir):
+    """The same FLood run with ``simulation-backend = "in-process"``: the ClientApp handles every message in the
+    ServerApp's own process (fedweigh/engine.py), and the very same files come out as with Ray's actors."""
+    assert_same_files(runs["flood"], runs["flood-in-process"])
+    ray_log, own_log = logs(output_dir, "flood", "flood-in-process")
+    assert "the engine's loop event-driven; the ClientApp runs in this process" in own_log
+    assert "the engine's loop event-driven; ClientApps in Ray actors" in ray_log
 
 
 @pytest.mark.xdist_group("cli")  # a SuperLink and Ray of its own: it can run beside the shared simulation

@@ -20,12 +20,19 @@ from typing import Any
 
 import flwr
 import pytest
-from flwr.app import Message, RecordDict
+from conftest import REPO
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.clientapp.client_app import ClientAppException
+from flwr.common import Context
 from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.compat.client.run_info_store import DeprecatedRunInfoStore
 from flwr.proto.task_pb2 import Task
 from flwr.server.superlink.fleet.vce import vce_api
+from flwr.server.superlink.fleet.vce.backend import Backend
 from flwr.server.superlink.linkstate import InMemoryLinkState, LinkStateFactory
 from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
+from flwr.simulation.ray_transport.ray_actor import ClientAppActor
 from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
 from flwr.supercore.object_store import ObjectStoreFactory
 from flwr.supercore.run import Run
@@ -34,7 +41,17 @@ from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid import HttpGrid, InMemoryGrid
 
 from fedweigh import engine
-from fedweigh.engine import HUB, NODES, applies_to, event_driven_extractor, prepare, simulated_partitions
+from fedweigh.engine import (
+    ENGINE,
+    HUB,
+    NODES,
+    applies_to,
+    event_driven_extractor,
+    in_process_backend,
+    prepare,
+    requested_backend,
+    simulated_partitions,
+)
 from fedweigh.strategies.sampling import NodeDirectory
 from fedweigh.strategies.wakeup import DEPLOYMENT_PULL_INTERVAL, PromptGrid, WakeupGrid, wakeup_grid
 
@@ -59,6 +76,13 @@ def test_flower_is_the_version_the_hand_off_was_checked_against():
     assert parameters[:5] == ["app_fn", "backend_fn", "nodes_mapping", "state_factory", "node_info_stores"]
     assert "PARTITION_ID_KEY: partition_id" in inspect.getsource(vce_api._register_node_info_stores)
     assert {"message_ins_store", "lock"} <= set(vars(Federation(nodes=1).state))
+    # the backend run_api builds and uses as Flower 1.41 defines it (the in-process backend replaces it)
+    assert "backend = backend_fn()" in inspect.getsource(inspect.unwrap(vce_api.run_api))
+    assert "backend_fn,\n" in inspect.getsource(vce_api.start_vce).split("run_api(")[1][:300]
+    assert Backend.__abstractmethods__ == {"build", "is_worker_idle", "terminate", "process_message"}
+    actor_run = inspect.getsource(ClientAppActor.run)  # what the in-process backend does without the actor
+    assert "app(message=message, context=context)" in actor_run and "raise ClientAppException(str(ex))" in actor_run
+    assert "initial_run_config=initial_run_config" in inspect.getsource(DeprecatedRunInfoStore.register_context)
 
 
 def test_importing_the_app_outside_a_simulation_changes_nothing_in_flower():
@@ -306,3 +330,86 @@ def test_a_deployment_grid_returns_what_arrived_by_its_timeout(monkeypatch):
     monkeypatch.setattr(time, "sleep", lambda seconds: None)
     scripted = ScriptedHttpGrid(["a", "b"])
     assert list(PromptGrid(scripted).send_and_receive([], timeout=0.0)) == [] and scripted.pulls == 1
+
+
+# -- the in-process backend ------------------------------------------------------------------------------
+
+
+def node_stores(override_config: dict[str, Any], nodes: int = 2) -> dict[int, DeprecatedRunInfoStore]:
+    """The engine's node info stores for a run of this app with ``override_config``, as ``start_vce`` registers
+    them (``_register_node_info_stores``: the app's run config fused with the run's overrides)."""
+    run = Run.create_empty(run_id=7)
+    run.override_config = override_config
+    stores = {}
+    for node in range(nodes):
+        stores[100 + node] = DeprecatedRunInfoStore(node_id=100 + node, node_config={"partition-id": node})
+        stores[100 + node].register_context(run_id=7, run=run, app_dir=str(REPO))
+    return stores
+
+
+def test_the_run_config_chooses_the_backend_and_ray_stays_the_default():
+    assert requested_backend(node_stores({"simulation-backend": "in-process"})) == "in-process"
+    assert requested_backend(node_stores({})) == "ray"
+    # a run config that does not validate is the ServerApp's to refuse, with its message: the engine starts Ray's
+    assert requested_backend(node_stores({"simulation-backend": "threads"})) == "ray"
+    assert requested_backend({}) == "ray"
+
+
+@pytest.mark.parametrize("backend", ["in-process", "ray"])
+def test_the_engine_builds_the_backend_the_run_config_names(backend):
+    calls = []
+
+    def run_api(*args: Any) -> None:  # Flower's run_api, as far as the wrapper can tell
+        calls.append(args)
+
+    ray_backend = object()
+    stores = node_stores({"simulation-backend": backend})
+    engine._publishing(run_api)("app_fn", ray_backend, {}, "state", stores, "stop", "metrics")
+    ((app_fn, backend_fn, *rest),) = calls
+    assert app_fn == "app_fn" and rest == [{}, "state", stores, "stop", "metrics"]
+    assert ENGINE.backend == backend
+    assert (backend_fn is in_process_backend) == (backend == "in-process")
+    assert (backend_fn is ray_backend) == (backend == "ray")
+
+
+def test_the_in_process_backend_runs_the_client_app_on_the_message_in_this_process():
+    app = ClientApp()
+    handled: list[tuple[Message, Context, int]] = []
+
+    @app.query()
+    def answer(message: Message, context: Context) -> Message:
+        handled.append((message, context, threading.get_ident()))
+        context.state["seen"] = ConfigRecord({"messages": 1})
+        return Message(RecordDict({"answer": ConfigRecord({"node": context.node_id})}), reply_to=message)
+
+    backend = in_process_backend()
+    assert isinstance(backend, Backend) and backend.num_workers == 1 and not backend.is_worker_idle()
+    backend.build(lambda: app)
+    assert backend.is_worker_idle()
+    instruction = Message(RecordDict(), dst_node_id=5, message_type="query", ttl=LONG)
+    instruction.metadata.__dict__["_message_id"] = "m1"
+    context = Context(run_id=7, node_id=5, node_config={}, state=RecordDict(), run_config={})
+    reply, updated = backend.process_message(instruction, context)
+    # the stored instruction itself reached the ClientApp, in this thread: nothing was copied or sent
+    assert handled == [(instruction, context, threading.get_ident())]
+    assert reply.content["answer"]["node"] == 5 and reply.metadata.reply_to_message_id == "m1"
+    assert updated is context and context.state["seen"]["messages"] == 1
+    backend.terminate()
+    assert not backend.is_worker_idle()
+
+
+def test_a_client_app_that_raises_is_an_error_the_engine_reports_as_for_ray():
+    app = ClientApp()
+
+    @app.query()
+    def fail(message: Message, context: Context) -> Message:
+        raise RuntimeError("partition 3 cannot load its data")
+
+    backend = in_process_backend()
+    backend.build(lambda: app)
+    context = Context(run_id=7, node_id=5, node_config={}, state=RecordDict(), run_config={})
+    message = Message(RecordDict(), dst_node_id=5, message_type="query", ttl=LONG)
+    with pytest.raises(ClientAppException, match="partition 3 cannot load its data"):
+        backend.process_message(message, context)
+    with pytest.raises(ValueError, match="only after build"):
+        in_process_backend().process_message(message, context)

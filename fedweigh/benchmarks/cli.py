@@ -433,6 +433,8 @@ def _overhead(quick: bool, sim: Any, _: list[str] | None, progress: Progress) ->
     # Before and after the event-driven hand-off (strategies/wakeup.py): the CIFAR-10 settings again with
     # Flower's own 0.1 s polling loops.
     settings += [s.polling() for s in settings if s.name.startswith("fedoui")]
+    # Ray's actors against the ClientApp in the simulation's own process (fedweigh/engine.py), every setting.
+    settings += [s.in_process() for s in settings if not s.name.endswith("-polling")]
     results: list[dict[str, Any]] = []
     for setting in settings:
         results.append(federation_overhead(setting, sim, repeats=1 if quick else 2))

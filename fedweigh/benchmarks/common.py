@@ -32,6 +32,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fedweigh.settings import IN_PROCESS_BACKEND
+
 __all__ = [
     "APP_DIR",
     "BenchmarkError",
@@ -85,6 +87,11 @@ class Setting:
         """The same run with Flower 1.41's own 0.1 s polling loops (``event-driven-simulation = false``)."""
         config = {**self.run_config, "event-driven-simulation": False}
         return Setting(f"{self.name}-polling", config, self.num_supernodes)
+
+    def in_process(self) -> Setting:
+        """The same run with the ClientApp in the simulation's own process (``simulation-backend = "in-process"``)."""
+        config = {**self.run_config, "simulation-backend": IN_PROCESS_BACKEND}
+        return Setting(f"{self.name}-in-process", config, self.num_supernodes)
 
 
 def fedoui_cifar10(rounds: int = 5) -> Setting:
