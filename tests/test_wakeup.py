@@ -52,6 +52,7 @@ from fedweigh.engine import (
     requested_backend,
     simulated_partitions,
 )
+from fedweigh.settings import SettingsError, validate
 from fedweigh.strategies.sampling import NodeDirectory
 from fedweigh.strategies.wakeup import DEPLOYMENT_PULL_INTERVAL, PromptGrid, WakeupGrid, wakeup_grid
 
@@ -352,6 +353,8 @@ def test_the_run_config_chooses_the_backend_and_ray_stays_the_default():
     assert requested_backend(node_stores({})) == "ray"
     # a run config that does not validate is the ServerApp's to refuse, with its message: the engine starts Ray's
     assert requested_backend(node_stores({"simulation-backend": "threads"})) == "ray"
+    with pytest.raises(SettingsError, match="simulation-backend = 'threads': Input should be 'ray' or 'in-process'"):
+        validate({"simulation-backend": "threads"})
     assert requested_backend({}) == "ray"
 
 
