@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterable, Mapping
 from queue import Queue
 from typing import Any
 
-from fedweigh.settings import IN_PROCESS_BACKEND, SettingsError, validate
+from fedweigh.settings import IN_PROCESS_BACKEND, RAY_BACKEND, SettingsError, validate
 
 SUPPORTED_FLOWER = "1.41."
 """Flower versions (a prefix) whose engine this module has been checked against."""
@@ -250,7 +250,7 @@ def node_config_of(store: Any) -> NodeConfig:
 
 
 def requested_backend(node_info_stores: Mapping[int, Any]) -> str:
-    """The ``simulation-backend`` the run config of the engine's nodes asks for; ``"ray"`` where it is not valid.
+    """The ``simulation-backend`` the run config of the engine's nodes asks for; Ray's where it is not valid.
 
     Every node of a simulation holds the same run config (the app's with the run's overrides). A run config
     that does not validate is the ServerApp's to refuse, with its message; the engine then starts Flower's own.
@@ -260,12 +260,14 @@ def requested_backend(node_info_stores: Mapping[int, Any]) -> str:
             try:
                 return validate(info.initial_run_config).simulation_backend
             except SettingsError:
-                return "ray"
-    return "ray"
+                return RAY_BACKEND
+    return RAY_BACKEND
 
 
 @functools.cache
 def _in_process_backend_class() -> type:
+    # Built on first use: importing Flower's backend package imports its engine (``ENGINE_MODULE``), which must
+    # stay unloaded outside a simulation (prepare_if_simulating tells a simulation process by it).
     from flwr.clientapp.client_app import ClientAppException, LoadClientAppError
     from flwr.server.superlink.fleet.vce.backend import Backend
 

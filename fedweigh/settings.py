@@ -259,10 +259,14 @@ class FedFTSettings(_Section):
 
 
 CLIENT_SAMPLERS = ("per-round", "python-sequence")
+"""Accepted values of ``client-sampling`` (:mod:`fedweigh.strategies.sampling` draws them)."""
+
+RAY_BACKEND = "ray"
+"""The simulation backend of Flower: each ClientApp in a Ray actor."""
 IN_PROCESS_BACKEND = "in-process"
 """The simulation backend that runs the ClientApp in the simulation's own process (fedweigh/engine.py)."""
-SIMULATION_BACKENDS = ("ray", IN_PROCESS_BACKEND)
-"""Accepted values of ``client-sampling`` (:mod:`fedweigh.strategies.sampling` draws them)."""
+SIMULATION_BACKENDS = (RAY_BACKEND, IN_PROCESS_BACKEND)
+"""Accepted values of ``simulation-backend``."""
 
 PARTITIONERS = ("iid", "dirichlet", "soft-capped-dirichlet", "niid-bench-dirichlet", "pathological", "shard")
 """Accepted values of the ``partitioner`` setting (:mod:`fedweigh.data.partitioning` builds them)."""
@@ -340,7 +344,7 @@ class Settings(_Section):
     event_driven_simulation: bool = True
     # simulation: "ray" runs each ClientApp in a Ray actor (Flower's backend); "in-process" in the simulation's
     # own process, one message at a time, with no copy of the model through Ray (fedweigh/engine.py)
-    simulation_backend: Literal[SIMULATION_BACKENDS] = "ray"
+    simulation_backend: Literal[SIMULATION_BACKENDS] = RAY_BACKEND
     # robust aggregation, off by default (the papers' methods as published)
     update_norm_bound: float = Field(0.0, ge=0.0, allow_inf_nan=False)  # cap ||update|| at this x the round's median
     trimmed_mean: float = Field(0.0, ge=0.0, lt=0.5)  # share trimmed at each end, per coordinate; 0: the plain mean

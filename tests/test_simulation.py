@@ -3,8 +3,9 @@
 The runs share one simulation SuperLink and Ray cluster (``shared_simulation``
 in conftest); each is a real Flower run, exactly what ``fedweigh simulate``
 does for a user. One run's server process is SIGKILLed in the middle of the
-run and the run resumed; one config is run twice, the second time without the
-engine's event-driven hand-off. One test goes through the ``fedweigh
+run and the run resumed; one config is run three times: as it is, without the
+engine's event-driven hand-off, and with the ClientApp in the simulation's own
+process instead of Ray actors (``simulation-backend = "in-process"``). One test goes through the ``fedweigh
 simulate`` command itself, with a SuperLink and Ray of its own, as the
 README's first command does. Every strategy and every rule also run end to
 end in ``test_end_to_end.py``, in one process.
