@@ -49,9 +49,10 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn
 
+from fedweigh.arrays import encode, to_tensors
 from fedweigh.client.registry import build_steps
 from fedweigh.client.steps import StepContext, combine
-from fedweigh.client.training import evaluate, train_locally
+from fedweigh.client.training import evaluate, seed_torch, train_locally
 from fedweigh.components import batch_transform, configure_torch, data_spec, new_model, resolve_device, settings_from
 from fedweigh.data.federated import DataSpec, dataset_info, load_partition
 from fedweigh.data.tensors import ImageTensors
@@ -152,7 +153,7 @@ def _setup(message: Message, context: Context) -> tuple[Settings, nn.Module, tor
             f"every node must build model = {settings.model!r} from the same weights; check model-pretrained and "
             f"model-weights = {settings.model_weights!r} (the same file, or the same Hub revision, everywhere)"
         )
-    load_exchanged_state(model, message.content[ARRAYS].to_torch_state_dict())
+    load_exchanged_state(model, to_tensors(message.content[ARRAYS]))
     return settings, model, device
 
 
@@ -216,7 +217,7 @@ def train(message: Message, context: Context) -> Message:
     if fault == "exception":
         raise InjectedFault(f"fault injection: partition {partition_id} raises in round {server_round}")
     seed = client_seed(settings.seed, server_round, seed_key)
-    torch.manual_seed(seed)  # dropout draws from the global generator
+    seed_torch(seed, device)  # dropout draws from the global generator
     generator = torch.Generator().manual_seed(seed)
     step_context = StepContext(
         model=model,
@@ -246,10 +247,10 @@ def train(message: Message, context: Context) -> Message:
         device,
         generator,
         combine(weightings),
-        optimizer_state=kept.to_torch_state_dict() if isinstance(kept, ArrayRecord) else None,
+        optimizer_state=to_tensors(kept, writable=True) if isinstance(kept, ArrayRecord) else None,
     )
     if stats.optimizer_state is not None:
-        context.state[OPTIMIZER_STATE] = ArrayRecord(stats.optimizer_state)
+        context.state[OPTIMIZER_STATE] = encode(stats.optimizer_state)
     for step in steps:
         signals.update(step.after_training(step_context))
     if float(context.node_config.get(TRAIN_DELAY, 0)) > 0:  # a slow device, for testing round deadlines
@@ -269,7 +270,7 @@ def train(message: Message, context: Context) -> Message:
         arrays = corrupt_arrays(fault, arrays, settings.faults.scale)
         steps = list(config.get(CLIENT_STEPS, []))
         metrics = corrupt_metrics(fault, metrics, steps, server_round, settings.max_staleness)
-    arrays_record = ArrayRecord(arrays)
+    arrays_record = encode(arrays)
     metrics[CLIENT_SECONDS] = time.perf_counter() - started
     reply = Message(RecordDict({ARRAYS: arrays_record, METRICS: MetricRecord(metrics)}), reply_to=message)
     if fault == "stall":  # past the round's timeout: the server has closed the round without this reply

@@ -21,6 +21,7 @@ import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
+from fedweigh.arrays import decode, encode, to_tensors
 from fedweigh.client.training import evaluate
 from fedweigh.client.ufl import model_uncertainty, u_tail
 from fedweigh.components import batch_transform, configure_torch, new_model, resolve_device, server_and_test_data
@@ -43,7 +44,6 @@ from fedweigh.results import (
     round_train_loss,
 )
 from fedweigh.settings import Settings, SettingsError
-from fedweigh.strategies.aggregation import decode
 from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.build import build_strategy
 from fedweigh.strategies.replay import ReplayGrid
@@ -82,7 +82,7 @@ def central_evaluation(
         result = None
         if current % settings.evaluate_every == 0 or current == settings.num_server_rounds:
             started = time.perf_counter()
-            load_exchanged_state(model, arrays.to_torch_state_dict())
+            load_exchanged_state(model, to_tensors(arrays))
             result = evaluate(model, test, transform, device, settings.eval_batch_size, settings.mixed_precision)
             row.update(
                 {
@@ -130,7 +130,7 @@ def final_u_tail(
         return {}
     device = resolve_device(settings.device)
     model = on_device(model, device)
-    load_exchanged_state(model, arrays.to_torch_state_dict())
+    load_exchanged_state(model, to_tensors(arrays))
     u = model_uncertainty(
         model, test, batch_transform(settings), device, settings.ufl, settings.seed, settings.final_uncertainty
     )
@@ -150,7 +150,7 @@ def main(grid: Grid, context: Context) -> None:
     if settings.resume_from:
         checkpoint = Checkpoint.load(run_dir / CHECKPOINT_FILE)
         start_round = checkpoint.round
-        initial = ArrayRecord({k: torch.from_numpy(v) for k, v in checkpoint.arrays.items()})
+        initial = encode(checkpoint.arrays)
         logger.info("[fedweigh] resuming %s after round %d", run_dir, start_round)
         if settings.persist_optimizer_state:
             logger.warning(
@@ -160,7 +160,7 @@ def main(grid: Grid, context: Context) -> None:
             )
     else:
         start_round = 0
-        initial = ArrayRecord(exchanged_state(model))
+        initial = encode(exchanged_state(model))
     if start_round >= settings.num_server_rounds:
         raise ValueError(
             f"setting resume-from = {settings.resume_from!r} already holds {start_round} rounds; "

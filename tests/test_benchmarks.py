@@ -1,11 +1,10 @@
-"""Benchmark code paths on toy inputs (no timing is asserted), and the zero-copy decoding they measure."""
+"""Benchmark code paths on toy inputs (no timing is asserted)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from conftest import REPO
-from flwr.app import Array, ArrayRecord
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -18,30 +17,7 @@ from fedweigh.benchmarks.overhead import round_breakdown
 from fedweigh.benchmarks.ray_floor import ray_round_trip
 from fedweigh.benchmarks.scale import revisit_share
 from fedweigh.launch.runconfig import load_app_config
-from fedweigh.strategies.aggregation import all_finite, array_view, decode, weighted_average
-
-DTYPES = st.sampled_from([np.float32, np.float64, np.float16, np.int64, np.int32, np.uint8, np.bool_])
-
-
-@given(hnp.arrays(DTYPES, hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5)), st.booleans())
-def test_array_view_reads_what_flower_decodes(values, fortran):
-    if fortran:
-        values = np.asfortranarray(values)
-    array = Array(values)
-    view = array_view(array)
-    expected = array.numpy()
-    assert view.dtype == expected.dtype and view.shape == expected.shape
-    assert np.array_equal(view, expected, equal_nan=np.issubdtype(view.dtype, np.floating))
-
-
-def test_decoded_arrays_are_read_only_views_of_the_record():
-    record = ArrayRecord({"w": Array(np.arange(1000, dtype=np.float32))})
-    decoded = decode(record)["w"]
-    assert not decoded.flags.writeable and not decoded.flags.owndata
-    with pytest.raises(ValueError, match="read-only"):
-        decoded[0] = 1.0
-    average = weighted_average([decode(record), decode(record)], np.array([0.5, 0.5]))
-    assert average["w"].flags.writeable and np.array_equal(average["w"], np.arange(1000, dtype=np.float32))
+from fedweigh.strategies.aggregation import all_finite
 
 
 @given(hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=3, max_side=6), elements=st.floats(width=32)))

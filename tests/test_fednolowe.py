@@ -14,6 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from fedweigh.arrays import decode
 from fedweigh.client.training import train_locally
 from fedweigh.data.loader import batches
 from fedweigh.data.sources import DatasetInfo
@@ -36,7 +37,6 @@ from fedweigh.rules.fednolowe import (
     loss_deviation_weights,
 )
 from fedweigh.settings import FedAslSettings, SettingsError
-from fedweigh.strategies.aggregation import decode
 from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.build import build_strategy
 

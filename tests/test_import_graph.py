@@ -20,7 +20,14 @@ PACKAGE = REPO / "fedweigh"
 
 # Lower layers may not import upper ones (docs/design.md).
 LAYERS: list[set[str]] = [
-    {"fedweigh.settings", "fedweigh.protocol", "fedweigh.faults", "fedweigh.engine", "fedweigh.allocator"},
+    {
+        "fedweigh.settings",
+        "fedweigh.protocol",
+        "fedweigh.arrays",
+        "fedweigh.faults",
+        "fedweigh.engine",
+        "fedweigh.allocator",
+    },
     {
         "fedweigh.data",
         "fedweigh.models",

@@ -17,6 +17,7 @@ from loopback import run_in_process
 from torch import nn
 
 from fedweigh import client_app
+from fedweigh.arrays import decode
 from fedweigh.client.mc_dropout import dropout_sites, ensure_mc_dropout
 from fedweigh.client.oui import probe_oui, resolve_probe_layer
 from fedweigh.client.training import autocast, evaluate, train_locally
@@ -38,7 +39,7 @@ from fedweigh.preflight import check_run
 from fedweigh.protocol import FROZEN_DIGEST, TrainRecipe
 from fedweigh.results import read_metrics
 from fedweigh.settings import SettingsError, validate
-from fedweigh.strategies.aggregation import decode, weighted_average
+from fedweigh.strategies.aggregation import weighted_average
 
 VIT = {"dataset": "digits", "model": "vit-tiny"}
 

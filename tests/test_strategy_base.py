@@ -8,8 +8,9 @@ from conftest import FakeGrid, reply
 from flwr.app import Array, ArrayRecord, ConfigRecord
 from flwr.serverapp.strategy import FedAvg
 
+from fedweigh.arrays import decode
 from fedweigh.rules.base import ComplementShareRule, SampleCountRule, UniformRule
-from fedweigh.strategies.aggregation import decode, weighted_average
+from fedweigh.strategies.aggregation import weighted_average
 from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.sampling import sample_partitions
 

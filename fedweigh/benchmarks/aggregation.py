@@ -8,9 +8,9 @@ weights, at two levels, each side doing the same work:
   the average, the round record) against Flower's
   ``FedAvg.aggregate_train`` (reply checks, the average, the metrics), from
   reply Messages to the new ArrayRecord;
-* ``arrays``: :func:`~fedweigh.strategies.aggregation.decode` +
+* ``arrays``: :func:`~fedweigh.arrays.decode` +
   :func:`~fedweigh.strategies.aggregation.weighted_average` +
-  :func:`~fedweigh.strategies.aggregation.encode` against Flower's
+  :func:`~fedweigh.arrays.encode` against Flower's
   ``aggregate_arrayrecords``, both from ArrayRecords (serialised bytes) to an
   ArrayRecord: decoding included on both sides.
 
@@ -113,8 +113,9 @@ def run_case(k: int, side: str, level: str, repeat: int = 3, model: str = "resne
     from flwr.serverapp.strategy import FedAvg
     from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
+    from fedweigh.arrays import decode, encode
     from fedweigh.rules.base import SampleCountRule
-    from fedweigh.strategies.aggregation import decode, encode, weighted_average
+    from fedweigh.strategies.aggregation import weighted_average
     from fedweigh.strategies.base import WeightedFedAvg
 
     replies, global_arrays = _replies(k, model)

@@ -48,6 +48,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
+from fedweigh.arrays import NamedArrays, decode, encode
 from fedweigh.faults import FaultPlan
 from fedweigh.protocol import (
     ARRAYS,
@@ -62,7 +63,7 @@ from fedweigh.protocol import (
 )
 from fedweigh.results import CLIENT_NUM_EXAMPLES
 from fedweigh.rules.base import RoundSignals, RuleOutcome, WeightingRule
-from fedweigh.strategies.aggregation import NamedArrays, all_finite, decode, encode
+from fedweigh.strategies.aggregation import all_finite
 from fedweigh.strategies.deadline import Deadline, DeadlineGrid
 from fedweigh.strategies.delays import Dispatches, delay
 from fedweigh.strategies.replies import ClientReply, valid_replies

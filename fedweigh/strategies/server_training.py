@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedweigh.arrays import NamedArrays
 from fedweigh.client.training import train_locally
 from fedweigh.components import new_model, resolve_device
 from fedweigh.data.server import ServerData
@@ -33,7 +34,6 @@ from fedweigh.models import on_device
 from fedweigh.models.finetuning import exchanged_state, load_exchanged_state
 from fedweigh.protocol import TrainRecipe
 from fedweigh.settings import Settings
-from fedweigh.strategies.aggregation import NamedArrays
 from fedweigh.strategies.updates import RoundUpdate, ServerUpdate, WeightedMean
 
 
