@@ -12,6 +12,19 @@ thresholds were fixed (docs/benchmarks.md, "Allocator").
 Only glibc has these knobs; elsewhere (macOS, musl) this does nothing. A user
 who sets glibc's own ``MALLOC_TRIM_THRESHOLD_`` or ``MALLOC_MMAP_THRESHOLD_``
 keeps their values.
+
+Threads are the other half. A thread other than the main one allocates from
+an arena of its own, made of heaps of at most 64 MiB, which the thresholds
+above do not keep: a heap whose memory is all freed goes back to the kernel,
+and the next batch faults it in again. Flower runs the ServerApp in such a
+thread of the simulation process (and the in-process backend runs the
+ClientApp in one), so its central evaluation, whose activations at a batch
+of 256 are tens of MiB, paid tens of thousands of page faults a round that
+the bare loop's main thread did not. ``MALLOC_ARENA_MAX=1`` (:data:`PROCESS_ENV`)
+makes every thread allocate from the main heap, which keeps its freed memory;
+glibc reads it when a process starts, so fedweigh's launchers put it in the
+environment of the processes they start (the SuperLink, and through it the
+simulation and the apps), and the container image sets it.
 """
 
 from __future__ import annotations
@@ -29,6 +42,10 @@ THRESHOLDS = (
     # Free memory at the top of the heap up to this stays with the process.
     (-1, "MALLOC_TRIM_THRESHOLD_", 256 * 2**20),
 )
+
+
+PROCESS_ENV = {"MALLOC_ARENA_MAX": "1"}
+"""Environment for the processes fedweigh starts, unless already set: one malloc arena for all threads."""
 
 
 @functools.lru_cache(maxsize=1)

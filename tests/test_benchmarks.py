@@ -135,26 +135,42 @@ def test_the_node_query_line_is_parsed():
     assert parse_node_query("INFO :  [fedweigh] round 1/2") is None
 
 
-def test_allocator_benchmark_trains_the_setting_and_renders_its_cases():
+def test_allocator_benchmark_trains_and_evaluates_the_setting_and_renders_its_cases():
     from fedweigh.benchmarks.allocator import CASES, train_passes
 
-    measured = train_passes(rounds=1, repeats=2, keep=True)
-    assert len(measured["train_seconds"]) == 2 and all(s > 0 for s in measured["train_seconds"])
-    assert len(measured["minor_faults"]) == 2 and all(f >= 0 for f in measured["minor_faults"])
+    for thread in (False, True):
+        measured = train_passes(rounds=1, repeats=2, keep=True, thread=thread)
+        assert measured["main_thread"] is not thread  # the thread cases run where a simulation's apps run
+        for key in ("train_seconds", "evaluate_seconds"):
+            assert len(measured[key]) == 2 and all(s > 0 for s in measured[key])
+        for key in ("minor_faults", "evaluate_minor_faults"):
+            assert len(measured[key]) == 2 and all(f >= 0 for f in measured[key])
     cases = [
         {
-            "process": p,
-            "keep_freed_memory": k,
+            **case._asdict(),
+            "keep_freed_memory": case.keep,
             "train_seconds": [1.0, 2.0],
             "median_train_seconds": 1.5,
             "vs_plain_default": 1.0,
             "median_minor_faults": 1234.0,
+            "median_evaluate_seconds": 0.5,
+            "evaluate_vs_plain_default": 1.25,
+            "median_evaluate_minor_faults": 56789.0,
         }
-        for p, k in CASES
+        for case in CASES
     ]
     table = render_table("allocator", {"setting": "s", "rounds": 2, "repeats": 2, "cases": cases})
-    assert "| ray | kept (fedweigh) | 1.00 / 2.00 | 1.50 | 1.00x | 1,234 |" in table
-    assert table.count("\n| plain |") == 2
+    assert (
+        "| ray | main | default | kept (fedweigh) | 1.00 / 2.00 | 1.50 | 1.00x | 1,234 | 0.50 | 1.25x | 56,789 |"
+        in table
+    )
+    assert "| plain | worker | 1 | kept (fedweigh) |" in table
+    assert table.count("\n| plain |") == 4
+    earlier = [
+        {k: v for k, v in case.items() if "evaluate" not in k and k not in {"thread", "arena"}} for case in cases
+    ]
+    old = render_table("allocator", {"setting": "s", "rounds": 2, "repeats": 2, "cases": earlier[:1]})
+    assert "| plain | main | default | glibc default | 1.00 / 2.00 | 1.50 | 1.00x | 1,234 | – | – | – |" in old
 
 
 def test_gpu_benchmark_refuses_a_machine_without_a_gpu_before_running_anything(monkeypatch):

@@ -442,3 +442,11 @@ def test_resident_variant_keeps_one_clientapp_process_per_site():
     flower_requires = {re.split(r"[ <>=!~;\[]", r)[0] for r in importlib.metadata.requires("flwr") if "extra" not in r}
     assert "httpx" in flower_requires
     assert imported <= {"__future__", "flwr", *flower_requires, *sys.stdlib_module_names}, imported
+
+
+def test_the_image_sets_the_process_environment_fedweighs_launchers_set():
+    from fedweigh.allocator import PROCESS_ENV
+
+    dockerfile = (REPO / "Dockerfile").read_text()
+    for var, value in PROCESS_ENV.items():
+        assert re.search(rf"^\s*(ENV\s+)?{var}={value}\b", dockerfile, re.M), f"the Dockerfile does not set {var}"

@@ -405,7 +405,9 @@ def test_simulation_env(tmp_path: Path):
     assert env["OMP_NUM_THREADS"] == "1"
     assert env["MKL_NUM_THREADS"] == "4"  # explicit user setting wins
     assert env["RAY_worker_niceness"] == "0"  # ClientApp actors train at normal priority
+    assert env["MALLOC_ARENA_MAX"] == "1"  # the ServerApp's thread keeps its freed memory (allocator.py)
     assert env["PATH"].endswith("/usr/bin")
+    assert simulation_env(tmp_path, base={"MALLOC_ARENA_MAX": "4"})["MALLOC_ARENA_MAX"] == "4"  # the user's value
 
 
 def test_parse_run_id():

@@ -325,18 +325,25 @@ def render_table(name: str, report: dict[str, Any]) -> str:
         rows = [
             [
                 r["process"],
+                "worker" if r.get("thread") else "main",
+                r.get("arena", "default"),
                 "kept (fedweigh)" if r["keep_freed_memory"] else "glibc default",
                 " / ".join(f"{s:.2f}" for s in r["train_seconds"]),
                 f"{r['median_train_seconds']:.2f}",
                 f"{r['vs_plain_default']:.2f}x",
                 f"{r['median_minor_faults']:,.0f}",
+                _fmt(r.get("median_evaluate_seconds")),
+                "–" if r.get("evaluate_vs_plain_default") is None else f"{r['evaluate_vs_plain_default']:.2f}x",
+                "–" if r.get("median_evaluate_minor_faults") is None else f"{r['median_evaluate_minor_faults']:,.0f}",
             ]
             for r in report["cases"]
         ]
-        header = ["process", "freed memory", "train s per pass", "median s", "vs plain, default", "page faults a pass"]
+        header = ["process", "thread", "MALLOC_ARENA_MAX", "freed memory", "train s per pass", "median s"]
+        header += ["vs plain, default", "page faults a pass", "evaluate s a pass", "vs plain, default", "page faults"]
         return (
-            f"{report['setting']}, {report['rounds']} rounds of sampled clients a pass, {report['repeats']} passes, "
-            "1 thread; each case a fresh process\n\n" + markdown_table(header, rows)
+            f"{report['setting']}, {report['rounds']} rounds of sampled clients a pass (training, then the central "
+            f"evaluation once a round), {report['repeats']} passes, 1 torch thread; each case a fresh process\n\n"
+            + markdown_table(header, rows)
         )
     if name == "checkpoint":
         rows = [

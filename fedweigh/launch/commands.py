@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fedweigh.allocator import PROCESS_ENV
 from fedweigh.launch.flwr_cli import FLWR_CLI
 from fedweigh.launch.runconfig import build_run_config_arg
 
@@ -115,7 +116,8 @@ def simulation_env(flwr_home: Path, base: Mapping[str, str] | None = None) -> di
 
     Sets ``FLWR_HOME``, forces no runtime dependency installation, disables the
     (offline-hostile) update check and telemetry unless set, pins numeric libraries to
-    one thread per process unless set (Ray workers inherit this), and puts this
+    one thread per process unless set (Ray workers inherit this), gives every thread
+    of a process glibc's main malloc arena unless set (:data:`fedweigh.allocator.PROCESS_ENV`), and puts this
     interpreter's ``bin`` dir first on ``PATH`` so the SuperLink finds the same
     ``flower-superexec``/``flwr-simulation`` executables, and starts Ray's workers
     at normal priority (``RAY_worker_niceness=0``) unless set.
@@ -128,6 +130,8 @@ def simulation_env(flwr_home: Path, base: Mapping[str, str] | None = None) -> di
     for var in THREAD_ENV_VARS:
         env.setdefault(var, "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    for var, value in PROCESS_ENV.items():  # glibc's malloc: every thread keeps its freed memory (allocator.py)
+        env.setdefault(var, value)
     # Ray starts its workers (the ClientApp actors, where all local training runs) at
     # niceness 15, below the ServerApp's process and anything else on the machine; on a
     # busy machine that starved training (measured 1.2-1.6x slower per round, see
