@@ -14,13 +14,13 @@ who sets glibc's own ``MALLOC_TRIM_THRESHOLD_`` or ``MALLOC_MMAP_THRESHOLD_``
 keeps their values.
 
 Threads are the other half. A thread other than the main one allocates from
-an arena of its own, made of heaps of at most 64 MiB, which the thresholds
-above do not keep: a heap whose memory is all freed goes back to the kernel,
-and the next batch faults it in again. Flower runs the ServerApp in such a
-thread of the simulation process (and the in-process backend runs the
-ClientApp in one), so its central evaluation, whose activations at a batch
-of 256 are tens of MiB, paid tens of thousands of page faults a round that
-the bare loop's main thread did not. ``MALLOC_ARENA_MAX=1`` (:data:`PROCESS_ENV`)
+an arena of its own (heaps of at most 64 MiB), and there the thresholds above
+did not keep an evaluation's freed memory: the same evaluation caused twice
+the page faults in such a thread as in the main thread and took 27 % longer
+(`fedweigh benchmark allocator`, its thread cases). Flower runs the ServerApp
+in such a thread of the simulation process (and the in-process backend runs
+the ClientApp in one), so its central evaluation, whose activations at a
+batch of 256 are tens of MiB, ran 30-56 % slower than the bare loop's. ``MALLOC_ARENA_MAX=1`` (:data:`PROCESS_ENV`)
 makes every thread allocate from the main heap, which keeps its freed memory;
 glibc reads it when a process starts, so fedweigh's launchers put it in the
 environment of the processes they start (the SuperLink, and through it the
