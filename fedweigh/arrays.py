@@ -22,12 +22,13 @@ Anything that is not a plain ``.npy`` payload is handed to Flower's
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import math
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import torch
@@ -93,9 +94,16 @@ def to_tensors(record: ArrayRecord, *, writable: bool = False) -> dict[str, torc
     """
     if writable:
         return {name: torch.from_numpy(np.array(value)) for name, value in decode(record).items()}
+    with wrapping_views():
+        return {name: torch.from_numpy(value) for name, value in decode(record).items()}
+
+
+@contextlib.contextmanager
+def wrapping_views() -> Iterator[None]:
+    """``torch.from_numpy`` on decoded (read-only) arrays without its warning, for tensors that are only read."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
-        return {name: torch.from_numpy(value) for name, value in decode(record).items()}
+        yield
 
 
 def array_view(array: Array) -> np.ndarray:

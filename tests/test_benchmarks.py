@@ -148,7 +148,6 @@ def test_allocator_benchmark_trains_and_evaluates_the_setting_and_renders_its_ca
     cases = [
         {
             **case._asdict(),
-            "keep_freed_memory": case.keep,
             "train_seconds": [1.0, 2.0],
             "median_train_seconds": 1.5,
             "vs_plain_default": 1.0,

@@ -36,7 +36,7 @@ class Case(NamedTuple):
     """One process of the benchmark."""
 
     process: str  # "plain" (a Python process) or "ray" (a Ray actor's worker process)
-    keep: bool  # fedweigh's malloc thresholds (keep_freed_memory)
+    keep_freed_memory: bool  # fedweigh's malloc thresholds (fedweigh.allocator.keep_freed_memory)
     thread: bool  # the passes in a thread other than the main one
     arena: str  # "default" or "1": MALLOC_ARENA_MAX in the process's environment
 
@@ -132,7 +132,7 @@ class _Worker:
 
 def _plain(rounds: int, repeats: int, case: Case) -> dict[str, Any]:
     command = [sys.executable, "-m", "fedweigh.benchmarks.allocator", str(rounds), str(repeats)]
-    command += [*(["--keep"] if case.keep else []), *(["--thread"] if case.thread else [])]
+    command += [*(["--keep"] if case.keep_freed_memory else []), *(["--thread"] if case.thread else [])]
     env = {key: value for key, value in os.environ.items() if key != "MALLOC_ARENA_MAX"}
     if case.arena != "default":
         env["MALLOC_ARENA_MAX"] = case.arena
@@ -153,9 +153,9 @@ def allocator_cost(rounds: int = 20, repeats: int = 3) -> dict[str, Any]:
                 measured = _plain(rounds, repeats, case)
             else:
                 actor = worker.remote()  # a new worker process for each case
-                measured = ray.get(actor.run.remote(rounds, repeats, case.keep))
+                measured = ray.get(actor.run.remote(rounds, repeats, case.keep_freed_memory))
                 ray.kill(actor)
-            results.append({**case._asdict(), "keep_freed_memory": case.keep, **measured})
+            results.append({**case._asdict(), **measured})
     finally:
         ray.shutdown()
     reference = statistics.median(results[0]["train_seconds"])

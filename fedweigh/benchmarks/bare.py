@@ -27,9 +27,9 @@ def train_client(model: Any, data: Any, recipe: Any, transform: Any, device: Any
     """One client's local training as the ClientApp seeds it: torch's global seed and the batch order's generator."""
     import torch
 
-    from fedweigh.client.training import train_locally
+    from fedweigh.client.training import seed_torch, train_locally
 
-    torch.manual_seed(seed)
+    seed_torch(seed, device)
     return train_locally(model, data, recipe, transform, device, torch.Generator().manual_seed(seed))
 
 

@@ -20,13 +20,12 @@ Example
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from fedweigh.arrays import NamedArrays
+from fedweigh.arrays import NamedArrays, wrapping_views
 
 
 def weighted_average(models: Sequence[NamedArrays], weights: np.ndarray) -> dict[str, np.ndarray]:
@@ -47,9 +46,7 @@ def weighted_average(models: Sequence[NamedArrays], weights: np.ndarray) -> dict
     if len(models) == 0 or len(models) != len(weights):
         raise ValueError(f"need one weight per model, got {len(models)} models and {len(weights)} weights")
     average: dict[str, np.ndarray] = {}
-    with warnings.catch_warnings():
-        # Decoded arrays are read-only views; torch warns about wrapping them, but they are only read here.
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+    with wrapping_views():  # decoded arrays are read-only views, only read here
         for name, first in models[0].items():
             integer = not np.issubdtype(first.dtype, np.floating)
             dtype = torch.float64 if integer else torch.from_numpy(np.asarray(first)).dtype
