@@ -16,7 +16,7 @@ keeps their values.
 Threads are the other half. A thread other than the main one allocates from
 an arena of its own (heaps of at most 64 MiB), and there the thresholds above
 did not keep an evaluation's freed memory: the same evaluation caused twice
-the page faults in such a thread as in the main thread and took 27 % longer
+the page faults in such a thread as in the main thread and took 26 % longer
 (`fedweigh benchmark allocator`, its thread cases). Flower runs the ServerApp
 in such a thread of the simulation process (and the in-process backend runs
 the ClientApp in one), so its central evaluation, whose activations at a
