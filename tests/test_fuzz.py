@@ -42,6 +42,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import datasets
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import tomli_w
 from conftest import REPO, SHARED_DATASETS
@@ -612,10 +613,15 @@ def damaged_folder(root: Path, damage: str, real_split: Path) -> tuple[Path, str
     if damage == "mixed-sizes":
         image_split([28] * 5 + [20] + [28] * (SITE_ROWS - 6)).to_parquet(str(train))
         return folder, "20x20"
+    if damage == "huge-label":  # was: "model = 'lenet5' needs about 2,898.3 GiB to train"
+        labels = [k % 10 for k in range(SITE_ROWS)]
+        labels[5] = 2_000_000_000
+        image_split([28] * SITE_ROWS, labels=labels).to_parquet(str(train))
+        return folder, "row 5 of the label column 'label' holds 2000000000; accepted: integer labels 0..K-1 with K"
     raise AssertionError(damage)
 
 
-DAMAGES = ["truncated", "corrupt", "damaged-inside", "no-label", "negative-labels", "mixed-sizes"]
+DAMAGES = ["truncated", "corrupt", "damaged-inside", "no-label", "negative-labels", "mixed-sizes", "huge-label"]
 
 
 @pytest.mark.parametrize("damage", DAMAGES)
@@ -644,3 +650,28 @@ def test_a_bad_file_in_a_sites_own_folder_is_named_by_the_site(damage, name_it_m
         client_app.local_data(settings_from(run_config), context)
     message = str(raised.value)
     assert str(folder / "train.parquet") in message and fragment in message and "accepted" in message, message
+
+
+def test_a_column_in_one_split_only_is_named_with_both_files(tmp_path):
+    """Was: "cannot be loaded (DatasetGenerationError: An error occurred while generating the dataset)"."""
+    image_split([28] * SITE_ROWS).to_parquet(str(tmp_path / "train.parquet"))
+    image_split([28] * SITE_ROWS).add_column("extra", list(range(SITE_ROWS))).to_parquet(str(tmp_path / "test.parquet"))
+    (problem,) = refusal({**APP, "dataset": str(tmp_path), "model": "lenet5"})
+    assert problem == (
+        f"dataset = {str(tmp_path)!r}: the column 'extra' is in {tmp_path / 'test.parquet'} only; accepted: the same "
+        "columns in both splits"
+    )
+
+
+def test_parquet_written_with_plain_pyarrow_is_read_as_encoded_images(tmp_path):
+    """An MNIST-like parquet without the datasets library's schema metadata (every image 28x28) was refused as
+    "the arrays in column 'image' differ in shape": its images are the struct of bytes and path an Image feature
+    is stored as. It is checked, split and decoded as images, end to end."""
+    for split in ("train", "test"):
+        table = image_split([28] * SITE_ROWS).data.table
+        pq.write_table(table.replace_schema_metadata(None), tmp_path / f"{split}.parquet")
+    assert pq.read_schema(tmp_path / "train.parquet").metadata is None
+    config = {"dataset": str(tmp_path), "model": "lenet5", "num-server-rounds": 1, "local-epochs": 1}
+    assert refusal({**APP, **config}) == []
+    folder = run_in_process({**config, "output-dir": str(tmp_path / "out"), "run-name": "plain"})
+    assert len(read_metrics(folder)) == 1 and read_metrics(folder)[0]["clients"]

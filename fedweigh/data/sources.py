@@ -52,7 +52,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from fedweigh.data.tensors import ImageTensors, decode_images, to_image_tensors
+from fedweigh.data.tensors import ImageTensors, decode_images, is_encoded_image, to_image_tensors
 
 SourceKind = Literal["digits", "local", "hub"]
 AugmentKind = Literal["crop-flip", "none"]
@@ -335,9 +335,32 @@ def split_columns(source: DataSource) -> dict[str, tuple[str, str]]:
             f"{files['test']} has image and label columns {columns['test']}, but {files['train']} has "
             f"{columns['train']}; accepted: the same columns in both splits"
         )
+    if differences := schema_differences(files["train"], files["test"]):
+        columns_differ = [line for line in differences if " only" in line]
+        if columns_differ:  # the datasets library cannot load the two as one dataset
+            raise ValueError(f"{'; '.join(columns_differ)}; accepted: the same columns in both splits")
     if rows["train"] == 0:
         raise EmptySplitError(f"{files['train']} holds no images; {FILES_ACCEPTED}")
     return columns
+
+
+def schema_differences(train: str, test: str) -> list[str]:
+    """How the columns of two split files differ: a column in one only, or one stored with other types.
+
+    Read from the files' footers; each line names the column, and both files' types where both have it.
+    """
+    schemas = {path: pq.read_schema(path) for path in (train, test)}
+    names = {path: schema.names for path, schema in schemas.items()}
+    lines = []
+    for column in dict.fromkeys([*names[train], *names[test]]):
+        holders = [path for path in (train, test) if column in names[path]]
+        if len(holders) == 1:
+            lines.append(f"the column {column!r} is in {holders[0]} only")
+            continue
+        types = [schemas[path].field(column).type for path in (train, test)]
+        if types[0] != types[1]:
+            lines.append(f"the column {column!r} is {types[0]} in {train} but {types[1]} in {test}")
+    return lines
 
 
 def _loaded(source: DataSource, load: Callable[[], datasets.Dataset]) -> datasets.Dataset:
@@ -351,6 +374,12 @@ def _loaded(source: DataSource, load: Callable[[], datasets.Dataset]) -> dataset
             raise EmptySplitError(f"{source.location!r} has an empty split ({_reason(err)})") from None
         if source.kind == "local":  # find the file to blame, reading all of them (only now that loading failed)
             check_local_dataset(source.location)
+            files = source.split_files()
+            if differences := schema_differences(files["train"], files["test"]):
+                raise ValueError(
+                    f"the parquet files in {source.location} cannot be loaded as one dataset ({_reason(err)}): "
+                    f"{'; '.join(differences)}; accepted: both splits written with the same columns and types"
+                ) from None
         if source.kind == "hub":
             raise ValueError(
                 f"{source.location!r} cannot be loaded from the Hugging Face Hub or its cache ({_reason(err)}); "
@@ -383,7 +412,7 @@ def load_train_split(source: DataSource) -> datasets.Dataset:
 
 
 def detect_image_column(features: datasets.Features) -> str:
-    """The first column whose feature is :class:`datasets.Image`, else ``img``/``image``.
+    """The first column of encoded images (:func:`~fedweigh.data.tensors.is_encoded_image`), else ``img``/``image``.
 
     Examples
     --------
@@ -392,7 +421,7 @@ def detect_image_column(features: datasets.Features) -> str:
     'picture'
     """
     for name, feature in features.items():
-        if isinstance(feature, datasets.Image):
+        if is_encoded_image(feature):
             return name
     for name in ("img", "image"):
         if name in features:
@@ -468,7 +497,37 @@ def augment_kind(in_channels: int, image_size: int) -> AugmentKind:
     return "crop-flip" if in_channels == 3 and image_size == 32 else "none"
 
 
+MAX_CLASSES = 100_000
+"""The most classes a dataset whose labels are plain integers (no ClassLabel names) may have: labels
+0..MAX_CLASSES - 1. A larger label is a damaged one (a model with 2e9 outputs is never meant)."""
 LABELS_ACCEPTED = "accepted: integer labels 0..K-1 (a ClassLabel column, or integers named 'label' or 'fine_label')"
+
+
+def _labels_accepted(classes: int | None) -> str:
+    """What a label may be: below the ClassLabel's number of classes, or below :data:`MAX_CLASSES`."""
+    if classes is not None:
+        return f"accepted: labels 0..{classes - 1}, the {classes} classes of the label column's ClassLabel"
+    return (
+        f"accepted: integer labels 0..K-1 with K at most {MAX_CLASSES:,} classes (a ClassLabel column, or "
+        "integers named 'label' or 'fine_label')"
+    )
+
+
+def label_range_problem(labels: np.ndarray, column: str, where: str, classes: int | None = None) -> str | None:
+    """Why ``labels`` cannot be class labels, naming the column, the first bad row and the accepted range.
+
+    ``classes``: the ClassLabel's number of classes when the column has one.
+
+    >>> label_range_problem(np.array([0, 3, 2_000_000_000]), "label", "train.parquet")
+    "train.parquet: row 2 of the label column 'label' holds 2000000000; accepted: integer labels 0..K-1 with K \
+at most 100,000 classes (a ClassLabel column, or integers named 'label' or 'fine_label')"
+    """
+    limit = MAX_CLASSES if classes is None else classes
+    bad = np.flatnonzero((labels < 0) | (labels >= limit))
+    if not bad.size:
+        return None
+    row = int(bad[0])
+    return f"{where}: row {row} of the label column {column!r} holds {labels[row]}; {_labels_accepted(classes)}"
 
 
 def _num_classes(train: datasets.Dataset, label_column: str, where: str) -> int:
@@ -476,12 +535,10 @@ def _num_classes(train: datasets.Dataset, label_column: str, where: str) -> int:
     if isinstance(feature, datasets.ClassLabel):
         return int(feature.num_classes)
     labels = np.asarray(train.select_columns([label_column]).with_format("numpy")[:][label_column])
-    if not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0:
-        low = labels.min() if np.issubdtype(labels.dtype, np.number) else "?"
-        raise ValueError(
-            f"{where}: the label column {label_column!r} holds {labels.dtype} values, the lowest {low}; "
-            f"{LABELS_ACCEPTED}"
-        )
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"{where}: the label column {label_column!r} holds {labels.dtype} values; {LABELS_ACCEPTED}")
+    if problem := label_range_problem(labels, label_column, where):
+        raise ValueError(problem)
     return int(labels.max()) + 1
 
 
@@ -627,8 +684,13 @@ def _image_size(payload: Any, path: str, row: int) -> tuple[int, int]:
         ) from None
 
 
-def _check_split_content(path: str, image: str, label: str) -> tuple[int, tuple[int, ...] | None]:
-    """Labels and image sizes of one split file; returns ``(largest label + 1, image size or None)``."""
+def _check_split_content(
+    path: str, image: str, label: str, classes: int | None = None
+) -> tuple[int, tuple[int, ...] | None]:
+    """Labels and image sizes of one split file; returns ``(largest label + 1, image size or None)``.
+
+    ``classes``: the train split's ClassLabel's number of classes, which every label must be below.
+    """
     try:
         table = pq.read_table(path, columns=[image, label])
     except (OSError, pa.ArrowException) as err:
@@ -639,10 +701,10 @@ def _check_split_content(path: str, image: str, label: str) -> tuple[int, tuple[
     if labels.null_count:
         raise ValueError(f"{path}: {labels.null_count} rows have no label; {LABELS_ACCEPTED}")
     values = labels.to_numpy()
-    if values.min() < 0:
-        raise ValueError(f"{path}: the label column {label!r} holds {values.min()}; {LABELS_ACCEPTED}")
+    if problem := label_range_problem(values, label, path, classes):
+        raise ValueError(problem)
     feature = datasets.Features.from_arrow_schema(table.schema)[image]
-    if not isinstance(feature, datasets.Image):
+    if not is_encoded_image(feature):
         return int(values.max()) + 1, None  # arrays: the decoder checks their shapes
     first: tuple[int, int] | None = None
     for row, payload in enumerate(table.column(image).to_pylist()):
@@ -685,21 +747,20 @@ def _check_local_files(location: str, stamps: tuple[tuple[int, int], ...]) -> No
     source = DataSource("local", location)
     files = source.split_files()
     columns = split_columns(source)
-    train_classes, train_size = _check_split_content(files["train"], *columns["train"])
-    test_classes, test_size = _check_split_content(files["test"], *columns["test"])
+    label = datasets.Features.from_arrow_schema(pq.read_schema(files["train"]))[columns["train"][1]]
+    named = int(label.num_classes) if isinstance(label, datasets.ClassLabel) else None
+    train_classes, train_size = _check_split_content(files["train"], *columns["train"], named)
+    test_classes, test_size = _check_split_content(files["test"], *columns["test"], named)
     if None not in (train_size, test_size) and test_size != train_size:
         raise ValueError(
             f"{files['test']} holds images of {_size(test_size)}, {files['train']} of {_size(train_size)}; "
             "accepted: images of one size in both splits"
         )
-    label = datasets.Features.from_arrow_schema(pq.read_schema(files["train"]))[columns["train"][1]]
-    classes = int(label.num_classes) if isinstance(label, datasets.ClassLabel) else train_classes
-    for split, found in (("train", train_classes), ("test", test_classes)):
-        if found > classes:
-            raise ValueError(
-                f"{files[split]}: label {found - 1} is not among the {classes} classes of {files['train']}; "
-                f"{LABELS_ACCEPTED}"
-            )
+    if named is None and test_classes > train_classes:
+        raise ValueError(
+            f"{files['test']}: label {test_classes - 1} is not among the {train_classes} classes of "
+            f"{files['train']}; {LABELS_ACCEPTED}"
+        )
 
 
 def _size(size: tuple[int, ...] | None) -> str:

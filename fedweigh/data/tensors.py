@@ -161,11 +161,30 @@ def _decode_one(payload: bytes, mode: ImageReadMode) -> torch.Tensor:
     return image
 
 
+def is_encoded_image(feature: object) -> bool:
+    """A column of encoded images: an :class:`datasets.Image` feature, or the struct of ``bytes`` (and ``path``)
+    it is stored as, which a parquet file written without the datasets library's metadata (plain pyarrow)
+    reads back as.
+
+    >>> is_encoded_image(datasets.Image()), is_encoded_image({"bytes": datasets.Value("binary")})
+    (True, True)
+    >>> is_encoded_image(datasets.Sequence(datasets.Value("uint8")))
+    False
+    """
+    if isinstance(feature, datasets.Image):
+        return True
+    if not isinstance(feature, dict) or "bytes" not in feature or not set(feature) <= {"bytes", "path"}:
+        return False
+    content = feature["bytes"]
+    return isinstance(content, datasets.Value) and content.dtype in ("binary", "large_binary")
+
+
 def _payloads(table: pa.Table, column: str) -> list[bytes]:
-    """Encoded bytes of each row of an Arrow table's Image column (struct of bytes, path)."""
+    """Encoded bytes of each row of an Arrow table's image column (struct of bytes and, optionally, path)."""
     structs = table.column(column).combine_chunks()
     contents = structs.field("bytes").to_pylist()
-    paths = structs.field("path").to_pylist()
+    has_paths = any(structs.type.field(index).name == "path" for index in range(structs.type.num_fields))
+    paths = structs.field("path").to_pylist() if has_paths else [None] * len(contents)
     payloads = []
     for content, path in zip(contents, paths, strict=True):
         if content is None:
@@ -253,7 +272,7 @@ def decode_images(
     dataset : datasets.Dataset
         Any dataset, possibly a shuffled or selected view of a larger one.
     image_column : str
-        An :class:`datasets.Image` column (encoded images, decoded with
+        A column of encoded images (:func:`is_encoded_image`, decoded with
         ``torchvision.io`` and Pillow as fallback), or a column of ``uint8``
         arrays ``[H, W]`` (grayscale) or ``[H, W, C]``.
     channels : int, optional
@@ -274,7 +293,7 @@ def decode_images(
         if channels is None or image_size is None:
             raise ValueError("an empty dataset needs channels and image_size to shape its tensor")
         return ImageTensors.empty(channels, image_size).images
-    if isinstance(dataset.features[image_column], datasets.Image):
+    if is_encoded_image(dataset.features[image_column]):
         return _decode_encoded(dataset, image_column, channels, image_size)
     return _decode_arrays(dataset, image_column, channels, image_size)
 
