@@ -9,6 +9,7 @@ nothing waits for real; ``test_deployment.py`` runs it for real, one node slow.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Iterable
 
@@ -253,3 +254,28 @@ def test_instructions_carry_a_time_to_live_and_other_messages_pass_through():
     assert messages[0].metadata.ttl == 5.0 * 4
     queries = instructions([1], kind="query")
     assert grid.send_and_receive(queries, timeout=60) == [] and grid.grid.passed_through == [queries]
+
+
+def test_an_instruction_lives_at_least_as_long_as_the_server_waits_for_its_round():
+    """``round-deadline=5.0`` gave instructions 10 s to live: shorter than Ray took to start its workers, so rounds 1
+    and 2 lost every client ("Message Unavailable ... expired due to its TTL") and the run still ended completed."""
+    grid, _ = deadline_grid({1: 0.1}, seconds=5.0, max_staleness=0, timeout=3600.0)
+    messages = instructions([1])
+    grid.send_and_receive(messages, timeout=3600.0)
+    assert messages[0].metadata.ttl == 3600.0
+    assert Deadline(5.0, max_staleness=800, timeout=60.0).ttl == 5.0 * 802  # a long staleness bound keeps its own
+
+
+def test_a_round_still_waiting_after_a_minute_says_whom_it_waits_for(caplog):
+    """A stalled client held its round silently (an hour, by default): now every minute names who is missing."""
+    grid, clock = deadline_grid({1: 0.2, 2: None, 3: 130.0}, seconds=300.0)
+    grid.set_node_label(lambda node: f"node {node} (partition {node - 1})")
+    with caplog.at_level(logging.WARNING, logger="flwr.fedweigh"):
+        replies = grid.send_and_receive(instructions([1, 2, 3]), timeout=200.0)
+    assert senders(replies) == [1, 3] and 200.0 <= clock.now < 200.2
+    reports = [record.getMessage() for record in caplog.records if "still waiting" in record.getMessage()]
+    assert reports == [
+        "[fedweigh] still waiting after 60 s for 2 of 3 replies: node 2 (partition 1), node 3 (partition 2)",
+        "[fedweigh] still waiting after 120 s for 2 of 3 replies: node 2 (partition 1), node 3 (partition 2)",
+        "[fedweigh] still waiting after 180 s for 1 of 3 replies: node 2 (partition 1)",
+    ]

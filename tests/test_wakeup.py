@@ -8,6 +8,7 @@ up; only the loop and what wakes it are fedweigh's. No test measures a time: eac
 from __future__ import annotations
 
 import inspect
+import logging
 import subprocess
 import sys
 import threading
@@ -53,6 +54,7 @@ from fedweigh.engine import (
     simulated_partitions,
 )
 from fedweigh.settings import SettingsError, validate
+from fedweigh.strategies.grid_wrapper import GridWrapper
 from fedweigh.strategies.sampling import NodeDirectory
 from fedweigh.strategies.wakeup import DEPLOYMENT_PULL_INTERVAL, PromptGrid, WakeupGrid, wakeup_grid
 
@@ -416,3 +418,35 @@ def test_a_client_app_that_raises_is_an_error_the_engine_reports_as_for_ray():
         backend.process_message(message, context)
     with pytest.raises(ValueError, match="only after build"):
         in_process_backend().process_message(message, context)
+
+
+def test_a_deployment_round_still_waiting_after_a_minute_says_whom_it_waits_for(monkeypatch, caplog):
+    """Reply "a" comes at the second look, "b" never: every minute of the wait names node 8, nothing else."""
+    now = [0.0]
+    monkeypatch.setattr(time, "sleep", lambda seconds: now.__setitem__(0, now[0] + seconds))
+    scripted = ScriptedHttpGrid(["a", "b"])
+    grid = PromptGrid(ForgetfulGrid(scripted, never={"b"}))
+    grid.clock = lambda: now[0]
+    messages = [Message(RecordDict(), dst_node_id=node, message_type="train", ttl=LONG) for node in (7, 8)]
+    with caplog.at_level(logging.WARNING, logger="flwr.fedweigh"):
+        replies = list(grid.send_and_receive(messages, timeout=150.0))
+    assert [r.metadata.reply_to_message_id for r in replies] == ["a"]
+    assert [r.getMessage() for r in caplog.records if "still waiting" in r.getMessage()] == [
+        "[fedweigh] still waiting after 60 s for 1 of 2 replies: node 8",
+        "[fedweigh] still waiting after 120 s for 1 of 2 replies: node 8",
+    ]
+
+
+class ForgetfulGrid(GridWrapper):
+    """A grid whose replies to ``never`` never arrive."""
+
+    def __init__(self, grid, never: set[str]) -> None:
+        super().__init__(grid)
+        self.never = never
+
+    def pull_messages(self, message_ids):
+        return [
+            reply
+            for reply in self.grid.pull_messages(message_ids)
+            if reply.metadata.reply_to_message_id not in self.never
+        ]

@@ -66,6 +66,7 @@ from fedweigh.rules.base import RoundSignals, RuleOutcome, WeightingRule
 from fedweigh.strategies.aggregation import all_finite
 from fedweigh.strategies.deadline import Deadline, DeadlineGrid
 from fedweigh.strategies.delays import Dispatches, delay
+from fedweigh.strategies.grid_wrapper import GridWrapper
 from fedweigh.strategies.replies import ClientReply, valid_replies
 from fedweigh.strategies.robust import bound_update_norms
 from fedweigh.strategies.sampling import NodeDirectory, sample_nodes, sample_size
@@ -200,6 +201,8 @@ class WeightedFedAvg(FedAvg):
         if self.deadline is not None:
             self.deadline_grid = DeadlineGrid(grid, self.deadline)
             grid = self.deadline_grid
+        if isinstance(grid, GridWrapper):  # a wait that goes on names nodes with their partitions
+            grid.set_node_label(self.directory.label)
         return super().start(grid, initial_arrays, num_rounds, **kwargs)
 
     def busy_nodes(self) -> set[int]:

@@ -58,7 +58,9 @@ def build_strategy(
     """
     plan = plan_run(settings)
     deadline = (
-        Deadline(settings.round_deadline, settings.min_round_replies, settings.max_staleness)
+        Deadline(
+            settings.round_deadline, settings.min_round_replies, settings.max_staleness, timeout=settings.round_timeout
+        )
         if settings.round_deadline > 0
         else None
     )

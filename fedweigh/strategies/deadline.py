@@ -7,8 +7,11 @@ wraps the run's grid and uses its non-blocking ``push_messages`` and
 ``pull_messages`` instead:
 
 * a training round's instructions are pushed with a time-to-live of
-  ``round-deadline × (max-staleness + 2)`` seconds, so that an instruction
-  nobody answers, or its reply, is dropped by the SuperLink rather than kept;
+  ``round-deadline × (max-staleness + 2)`` seconds, and at least
+  ``round-timeout`` (the longest the server waits for a round), so that an
+  instruction nobody answers, or its reply, is dropped by the SuperLink
+  rather than kept, but one that waits for its ClientApp to start (Ray
+  starting its workers, a ClientApp process importing PyTorch) is not;
 * the round pulls replies until all its own are in, or the deadline has
   passed and at least ``min-round-replies`` replies (late ones included) are
   in, or the strategy's timeout has passed;
@@ -33,6 +36,7 @@ from flwr.app import Message, MessageType
 from flwr.serverapp import Grid
 
 from fedweigh.strategies.grid_wrapper import GridWrapper
+from fedweigh.strategies.waiting import WaitReport
 
 logger = logging.getLogger("flwr.fedweigh")
 
@@ -51,17 +55,22 @@ class Deadline:
         Rounds an instruction stays in flight before it is given up.
     poll : float
         Seconds between two pulls.
+    timeout : float
+        The longest the server waits for a round's replies (``round-timeout``).
     """
 
     seconds: float
     min_replies: int = 1
     max_staleness: int = 0
     poll: float = 0.2
+    timeout: float = 0.0
 
     @property
     def ttl(self) -> float:
-        """Time-to-live of a training instruction: as long as a reply to it may still be used, plus a round."""
-        return self.seconds * (self.max_staleness + 2)
+        """Time-to-live of a training instruction: as long as a reply to it may still be used, plus a round,
+        and never shorter than the server's own wait (a deadline of seconds must not expire instructions that
+        wait for their ClientApp to start: Ray's workers took longer than 10 s on 2 cores)."""
+        return max(self.seconds * (self.max_staleness + 2), self.timeout)
 
 
 @dataclass
@@ -116,6 +125,7 @@ class DeadlineGrid(GridWrapper):
                 self.in_flight[message_id] = InFlight(message.metadata.dst_node_id, self.round)
                 own.add(message_id)
         started = self.clock()
+        report = WaitReport({mid: self.in_flight[mid].node for mid in pushed if mid in own}, started, self.node_label)
         replies: list[Message] = []
         while True:
             for reply in self.grid.pull_messages(list(self.in_flight)):
@@ -125,6 +135,7 @@ class DeadlineGrid(GridWrapper):
             elapsed = self.clock() - started
             if not waiting:
                 break
+            report.check(started + elapsed, waiting)
             if elapsed >= self.deadline.seconds and len(replies) >= min(self.deadline.min_replies, len(own)):
                 logger.info(
                     "round closed at its %.1fs deadline with %d replies; %d node(s) still training",

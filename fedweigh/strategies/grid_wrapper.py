@@ -8,18 +8,32 @@ rest is this delegation, written once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
+from fedweigh.strategies.waiting import node_label
+
 
 class GridWrapper(Grid):
-    """Delegates every ``Grid`` call to ``grid``."""
+    """Delegates every ``Grid`` call to ``grid``.
+
+    ``node_label`` names a node in what the grid logs (a wait that goes on:
+    :mod:`fedweigh.strategies.waiting`); :meth:`set_node_label` sets it here
+    and on every wrapper below.
+    """
 
     def __init__(self, grid: Grid) -> None:
         self.grid = grid
+        self.node_label: Callable[[int], str] = node_label
+
+    def set_node_label(self, label: Callable[[int], str]) -> None:
+        """Name nodes with ``label`` (the strategy's node directory knows their partitions)."""
+        self.node_label = label
+        if isinstance(self.grid, GridWrapper):
+            self.grid.set_node_label(label)
 
     @property
     def run(self) -> Run:

@@ -164,6 +164,11 @@ class NodeDirectory:
             if NUM_PARTITIONS in metrics and int(metrics[NUM_PARTITIONS]) > 0:
                 self.num_partitions = int(metrics[NUM_PARTITIONS])
 
+    def label(self, node_id: int) -> str:
+        """``node 7 (partition 3)``, or ``node 7`` when its partition is not known."""
+        partition = self.partition_of.get(node_id, -1)
+        return f"node {node_id} (partition {partition})" if partition >= 0 else f"node {node_id}"
+
     def sort_key(self, node_id: int) -> tuple[int, int]:
         """Known partitions first, in partition order; then unknown nodes by id."""
         partition = self.partition_of.get(node_id, -1)

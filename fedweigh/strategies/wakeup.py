@@ -19,13 +19,14 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from flwr.app import Message
 from flwr.serverapp import Grid
 
 from fedweigh.engine import ENGINE_MODULE, HUB, applies_to, describe
 from fedweigh.strategies.grid_wrapper import GridWrapper
+from fedweigh.strategies.waiting import WaitReport
 
 logger = logging.getLogger("flwr.fedweigh")
 
@@ -37,18 +38,27 @@ class PullingGrid(GridWrapper):
     """``send_and_receive`` as Flower's grids do it (push, then pull until all replies or the timeout),
     with the wait between two pulls left to :meth:`wait`."""
 
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        waiting = set(self.grid.push_messages(messages))
-        end = None if timeout is None else time.monotonic() + timeout
+        messages = list(messages)
+        pushed = list(self.grid.push_messages(messages))
+        waiting = set(pushed)
+        started = self.clock()
+        end = None if timeout is None else started + timeout
+        destinations = {mid: m.metadata.dst_node_id for mid, m in zip(pushed, messages, strict=False) if mid}
+        report = WaitReport(destinations, started, self.node_label)
         replies: list[Message] = []
         while waiting:
             mark = self.mark()
             arrived = list(self.grid.pull_messages(waiting))
             replies += arrived
             waiting -= {reply.metadata.reply_to_message_id for reply in arrived}
-            left = None if end is None else end - time.monotonic()
+            now = self.clock()
+            left = None if end is None else end - now
             if not waiting or (left is not None and left <= 0):
                 break
+            report.check(now, waiting)
             self.wait(mark, left)
         return replies
 
