@@ -19,6 +19,7 @@ left) and prints where the results are.
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import sys
 import time
@@ -33,9 +34,16 @@ from fedweigh.launch.commands import DEFAULT_NUM_SUPERNODES
 from fedweigh.launch.connection import resolve_flwr_home
 from fedweigh.launch.processes import ProcessTree, sigint_ignored
 from fedweigh.launch.progress import PendingRun, RunsProgress
-from fedweigh.launch.runconfig import SimulationError, load_app_config, parse_run_config, prepare_run_config
-from fedweigh.launch.simulation import LocalSimulation
+from fedweigh.launch.runconfig import (
+    SimulationError,
+    build_run_config_arg,
+    load_app_config,
+    parse_run_config,
+    prepare_run_config,
+)
+from fedweigh.launch.simulation import LocalSimulation, RunOutcome
 from fedweigh.launch.superlink import DEFAULT_PORT, choose_port, port_help
+from fedweigh.run_folder import CHECKPOINT_FILE, METRICS_FILE, MODEL_FILE, ROUNDS_NOT_AGGREGATED, SUMMARY_FILE
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -134,7 +142,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                 echo=False,  # echoed above the progress line instead
                 on_line=progress.echo_and_watch(sys.stdout),
             )
-            progress.finish_run(outcome.ok)
+            complete = outcome.ok or outcome.results_complete(settings.num_server_rounds)
+            progress.finish_run(complete)
     except KeyboardInterrupt:
         print("fedweigh: interrupted", file=sys.stderr)
         return 130
@@ -144,19 +153,62 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
     total = time.monotonic() - t0
     print(f"\nrun {outcome.run_id}: {outcome.status}" + (f" ({outcome.details})" if outcome.details else ""))
+    if complete and not outcome.ok:
+        print(
+            f"its results are complete nonetheless: all {settings.num_server_rounds} rounds, {MODEL_FILE} and "
+            f"{SUMMARY_FILE} were written before its process ended"
+        )
     if outcome.results_dir is not None:
         missing = "" if outcome.results_dir.exists() else " (not created)"
         print(f"results: {outcome.results_dir}{missing}")
-        summary = outcome.summary()
+        summary = outcome.summary() if complete else None  # never another run's, nor a failed run's
         if summary is not None and "final_accuracy" in summary:
             print(f"final_accuracy: {summary['final_accuracy']}")
-        elif outcome.ok:
-            print(f"(no summary.json in {outcome.results_dir})")
+        elif complete:
+            print(f"(no {SUMMARY_FILE} in {outcome.results_dir})")
+        if lost := (summary or {}).get(ROUNDS_NOT_AGGREGATED):
+            print(
+                f"warning: {len(lost)} of {settings.num_server_rounds} rounds were not aggregated (the global model "
+                f"stayed as it was): rounds {', '.join(map(str, lost))}; {METRICS_FILE}'s left_out says why"
+            )
+    if not complete and (hint := _continue_hint(outcome, settings.num_server_rounds, args)):
+        print(hint)
     timing = ", ".join(f"{k}={v:.1f}s" for k, v in outcome.timings.items())
     startup = f"superlink_start={sim.startup_seconds:.1f}s, " if sim.startup_seconds else ""
     stop = f", superlink_stop={sim.stop_seconds:.1f}s" if sim.stop_seconds else ""
     print(f"timings: {startup}{timing}{stop}, wall={total:.1f}s")
-    return 0 if outcome.ok else 1
+    return 0 if complete else 1
+
+
+def _continue_hint(outcome: RunOutcome, num_rounds: int, args: argparse.Namespace) -> str | None:
+    """How to continue a run that stopped with a checkpoint on disk: the exact command (None without one)."""
+    from fedweigh.results import Checkpoint
+
+    folder = outcome.results_dir
+    if folder is None or not (folder / CHECKPOINT_FILE).is_file():
+        return None
+    try:
+        done = Checkpoint.load(folder / CHECKPOINT_FILE).round
+    except ValueError:
+        return None
+    if done >= num_rounds:
+        return (
+            f"all {num_rounds} rounds are in {folder / CHECKPOINT_FILE} (the final global model), but the run ended "
+            f"before it wrote {MODEL_FILE} and {SUMMARY_FILE}"
+        )
+    options = [("--app", args.app, None), ("--num-supernodes", args.num_supernodes, DEFAULT_NUM_SUPERNODES)]
+    options += [("--cpus-per-client", args.cpus_per_client, 1), ("--gpus-per-client", args.gpus_per_client, 0.0)]
+    command = ["fedweigh", "simulate"]
+    command += [
+        shlex.quote(part) for flag, value, default in options if value != default for part in (flag, str(value))
+    ]
+    command += ["--run-config", _shell_word(build_run_config_arg({"resume-from": str(folder)}))]
+    return f"the run stopped after round {done} of {num_rounds}; its checkpoint continues it:\n  {' '.join(command)}"
+
+
+def _shell_word(text: str) -> str:
+    """``text`` as one shell word: in double quotes where they keep it as it is (a run config's 'strings')."""
+    return f'"{text}"' if not any(char in text for char in '"$`\\!') else shlex.quote(text)
 
 
 def _cmd_stop_superlink(args: argparse.Namespace) -> int:

@@ -72,6 +72,9 @@ FAULT_STREAM = 0xFA17
 EXTRA_TENSOR = "fault.unexpected"
 """The name of the tensor the ``extra-tensor`` fault adds."""
 
+STALL_TIMEOUT_LIMIT = 600.0
+"""The longest ``round-timeout`` (s) a run that injects ``stall`` may have: each stalling client holds its round
+that long (with the default of 3600 s, an hour a round); the check before training refuses more."""
 SIGNAL_FAULTS = ("signal-missing", "signal-nan", "signal-negative", "signal-range")
 ARRAY_FAULTS = ("nan", "inf", "wrong-shape", "wrong-dtype", "missing-tensor", "extra-tensor", "scaled")
 

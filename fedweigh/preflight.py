@@ -18,11 +18,15 @@ the setting, the value and what is accepted:
    a model (or OUI probe batch) far too large for this machine's memory
    (checked on the model built on PyTorch's ``meta`` device: no memory, no
    weights);
-4. the federation and the data, when the number of partitions is known
-   (:func:`data_problems`): ``min-train-nodes``, the split, and the server's
-   own data (found, labelled, not empty, and brought to the clients' input
-   shape);
-5. the trackers ``tracking`` names (:func:`fedweigh.tracking.tracking_problems`):
+4. the run folder (:func:`run_folder_problems`): a folder that holds a run
+   already is never written by another; a ``resume-from`` folder must hold a
+   checkpoint that loads, fits the model and has rounds left, made with the
+   same settings but those that may change (:func:`resume_problems`);
+5. the federation and the data, when the number of partitions is known
+   (:func:`federation_problems`): ``min-train-nodes``, ``min-round-replies``,
+   a resumed run's federation size, the split, and the server's own data
+   (found, labelled, not empty, and brought to the clients' input shape);
+6. the trackers ``tracking`` names (:func:`fedweigh.tracking.tracking_problems`):
    their packages installed, so that a missing one is named, with what to
    install, before anything trains.
 
@@ -43,6 +47,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,14 +57,19 @@ from fedweigh.client.registry import CLIENT_STEPS
 from fedweigh.components import batch_transform, data_spec, input_of, new_model, server_and_test_data
 from fedweigh.data.federated import dataset_info, partition_sizes
 from fedweigh.data.sources import check_local_dataset, validate_dataset_setting
+from fedweigh.faults import STALL_TIMEOUT_LIMIT
 from fedweigh.methods import METHODS, RunPlan, plan_run
 from fedweigh.models import model_names, model_options
+from fedweigh.models.finetuning import exchanged_state
 from fedweigh.models.weights import WeightsUnavailable, fetch
 from fedweigh.protocol import STEPS, TrainRecipe
+from fedweigh.results import CHECKPOINT_FILE, CONFIG_FILE, Checkpoint
 from fedweigh.rules.registry import RULES
-from fedweigh.settings import FLOAT32_MAX, Catalog, Settings, SettingsError, validate
+from fedweigh.run_folder import recorded_partitions, recorded_settings, run_files
+from fedweigh.settings import FLOAT32_MAX, Catalog, Settings, SettingsError, flatten, shaping_differences, validate
 from fedweigh.strategies.build import train_instruction
 from fedweigh.strategies.registry import UPDATES
+from fedweigh.strategies.sampling import sample_size
 from fedweigh.strategies.updates import WeightedMean
 from fedweigh.tracking import tracking_problems
 
@@ -104,6 +114,12 @@ def combination_problems(settings: Settings) -> list[str]:
             f"delay-std = {settings.delay_std!r} holds every reply back by a half-normal number of rounds, but "
             "max-staleness = 0 leaves out every reply that arrives late; accepted: max-staleness >= 1 "
             f"(about {math.ceil(3 * settings.delay_std)} keeps 99.7% of them)"
+        )
+    if "stall" in settings.faults.kind_list and settings.round_timeout > STALL_TIMEOUT_LIMIT:
+        problems.append(
+            f"faults.kinds = {settings.faults.kinds!r} makes stalling clients reply round-timeout + 1 s late, and "
+            f"round-timeout = {settings.round_timeout!r} s: every round with a stalling client would wait that long; "
+            f"accepted: round-timeout <= {STALL_TIMEOUT_LIMIT:g} with stall faults (e.g. round-timeout = 30)"
         )
     try:
         RULES[plan.rule].build(settings)
@@ -342,6 +358,129 @@ def data_problems(settings: Settings, num_partitions: int) -> list[str]:
     return []
 
 
+def run_folder_problems(settings: Settings) -> list[str]:
+    """A run folder this run must not write, or a checkpoint it cannot resume (empty when fine).
+
+    Without ``resume-from``: a folder ``output-dir/run-name`` that holds a run
+    already (:func:`fedweigh.run_folder.run_files`) is refused, naming the two
+    ways on. With it: :func:`resume_problems`.
+    """
+    if settings.resume_from:
+        return resume_problems(settings)
+    if not settings.run_name:  # the ServerApp makes a new, time-stamped name
+        return []
+    folder = Path(settings.output_dir).expanduser() / settings.run_name
+    found = run_files(folder)
+    if not found:
+        return []
+    return [
+        f"run-name = {settings.run_name!r}: {folder} already holds a run ({', '.join(found)}), which this run "
+        f"would overwrite; accepted: another run-name, or resume-from = {str(folder)!r} to continue that run"
+    ]
+
+
+def resume_problems(settings: Settings) -> list[str]:
+    """Why the run in ``resume-from`` cannot be continued with these settings (empty when it can).
+
+    The folder's checkpoint must load (:meth:`~fedweigh.results.Checkpoint.load`),
+    hold fewer rounds than ``num-server-rounds``, and fit the model; every
+    setting that shapes the run must equal the one in the folder's
+    ``config.json`` (all but :data:`~fedweigh.settings.RESUME_MAY_CHANGE`),
+    each that differs named.
+    """
+    folder = Path(settings.resume_from).expanduser()
+    where = f"resume-from = {settings.resume_from!r}"
+    if not (folder / CHECKPOINT_FILE).is_file():
+        return [f"{where}: no {CHECKPOINT_FILE} there; accepted: the folder of an earlier run of this app"]
+    try:
+        checkpoint = Checkpoint.load(folder / CHECKPOINT_FILE)
+    except ValueError as err:
+        return [str(err).removeprefix("setting ")]
+    problems = []
+    if checkpoint.round >= settings.num_server_rounds:
+        problems.append(
+            f"{where}: the run there already holds {checkpoint.round} rounds, and num-server-rounds = "
+            f"{settings.num_server_rounds}; accepted: num-server-rounds above {checkpoint.round} to run more rounds"
+        )
+    recorded = recorded_settings(folder)
+    if recorded is None:
+        return [
+            *problems,
+            f"{where}: {folder / CONFIG_FILE} is missing or unreadable, so the settings of the run there cannot be "
+            "compared with these; accepted: the folder of an earlier run of this app, as that run wrote it",
+        ]
+    differences = shaping_differences(recorded, flatten(settings.model_dump(by_alias=True)))
+    for key, was, now in differences:
+        problems.append(
+            f"{key} = {now!r}, but the run in {folder} was made with {key} = {was!r}, and a resumed run keeps "
+            f"every setting that shapes it; accepted: {key} = {was!r} (or a new run, without resume-from)"
+        )
+    if not differences:
+        problems += _checkpoint_model_problems(settings, checkpoint, where)
+    return problems
+
+
+def _checkpoint_model_problems(settings: Settings, checkpoint: Checkpoint, where: str) -> list[str]:
+    """The checkpoint's tensors against the model the settings build (names and shapes, on the meta device)."""
+    try:
+        with torch.device("meta"):
+            model = new_model(settings, pretrained_weights=False)
+    except (ValueError, TypeError, RuntimeError, OverflowError):
+        return []  # combination_problems says why the model cannot be built
+    wanted = {name: tuple(tensor.shape) for name, tensor in exchanged_state(model).items()}
+    held = {name: tuple(array.shape) for name, array in checkpoint.arrays.items()}
+    if wanted == held:
+        return []
+    missing, extra = sorted(set(wanted) - set(held)), sorted(set(held) - set(wanted))
+    resized = [
+        f"{name} {held[name]} not {wanted[name]}"
+        for name in sorted(set(wanted) & set(held))
+        if held[name] != wanted[name]
+    ]
+    parts = [f"{len(missing)} missing {missing[:3]}"] * bool(missing) + [f"{len(extra)} extra {extra[:3]}"] * bool(
+        extra
+    )
+    parts += [f"shapes {', '.join(resized[:3])}"] * bool(resized)
+    return [
+        f"{where}: its checkpoint's model does not fit model = {settings.model!r}{_model_sizes(settings)} "
+        f"({'; '.join(parts)}); accepted: the model settings the run was made with"
+    ]
+
+
+def federation_problems(settings: Settings, num_partitions: int, with_data: bool = True) -> list[str]:
+    """What cannot work with a federation of ``num_partitions`` nodes (empty when fine).
+
+    ``min-train-nodes`` above it; ``min-round-replies`` above the clients a
+    round samples (a round could then never close at its deadline); a resumed
+    run on a federation of another size than its own (other partitions); and,
+    ``with_data``, the data split (:func:`data_problems`) when all else is fine.
+    """
+    problems = []
+    if settings.min_train_nodes > num_partitions:
+        problems.append(
+            f"min-train-nodes = {settings.min_train_nodes} waits for more nodes than the federation's "
+            f"{num_partitions}; accepted: min-train-nodes <= {num_partitions} (or more SuperNodes)"
+        )
+    sampled = sample_size(num_partitions, settings.fraction_train, settings.min_train_nodes)
+    if settings.round_deadline > 0 and settings.min_round_replies > sampled:
+        problems.append(
+            f"min-round-replies = {settings.min_round_replies} is more than the {sampled} clients a round samples "
+            f"(fraction-train = {settings.fraction_train!r} of {num_partitions} nodes, at least min-train-nodes = "
+            f"{settings.min_train_nodes}), so no round could close at its round-deadline = "
+            f"{settings.round_deadline!r} s; accepted: min-round-replies <= {sampled}"
+        )
+    recorded = recorded_partitions(settings.resume_from) if settings.resume_from else None
+    if recorded is not None and recorded != num_partitions:
+        problems.append(
+            f"resume-from = {settings.resume_from!r}: the run there was split into {recorded} partitions, one per "
+            f"node, and this federation has {num_partitions}; accepted: a federation of {recorded} nodes "
+            f"(fedweigh simulate --num-supernodes {recorded}), as the run had"
+        )
+    if problems or not with_data:
+        return problems
+    return data_problems(settings, num_partitions)
+
+
 def check_run(run_config: Mapping[str, Any], num_partitions: int | None = None) -> Settings:
     """Everything that can be checked before training; the settings, or one error listing every problem.
 
@@ -354,13 +493,9 @@ def check_run(run_config: Mapping[str, Any], num_partitions: int | None = None) 
     """
     settings = parse_settings(run_config)
     problems = (dataset_problems(settings) or combination_problems(settings)) + tracking_problems(settings)
-    if num_partitions is not None and settings.min_train_nodes > num_partitions:
-        problems.append(
-            f"min-train-nodes = {settings.min_train_nodes} waits for more nodes than the federation's "
-            f"{num_partitions}; accepted: min-train-nodes <= {num_partitions} (or more SuperNodes)"
-        )
-    if num_partitions is not None and not problems:
-        problems += data_problems(settings, num_partitions)
+    problems += run_folder_problems(settings)
+    if num_partitions is not None:
+        problems += federation_problems(settings, num_partitions, with_data=not problems)
     if problems:
         raise SettingsError(problems)
     return settings

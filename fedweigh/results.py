@@ -12,7 +12,10 @@ Each run writes one folder, ``<output-dir>/<run-name>/``::
                        clients left out and why, the rule's diagnostics
     checkpoint.pt      the latest round's global model and strategy state
     model.pt           the final global model (a PyTorch state_dict)
-    summary.json       final and best accuracy, final loss, rounds, seconds
+    summary.json       final and best accuracy, final loss, rounds, the rounds
+                       not aggregated, seconds
+    resumes.jsonl      one line per resumption: after which round, when, and
+                       the settings that differ from config.json's
     tensorboard/       with tracking = "tensorboard": the rounds as TensorBoard events
     mlflow-run.json    with tracking = "mlflow": the MLflow run that mirrors this folder
 
@@ -22,6 +25,11 @@ Every row of metrics.jsonl also goes to the run's trackers as it is written
 A run started with ``resume-from=<run folder>`` continues in that folder from
 its checkpoint; because client sampling and client seeds depend only on (seed,
 round, partition), it ends exactly where the uninterrupted run would have.
+Only settings that do not shape the run may differ from the checkpoint's run
+(:data:`fedweigh.settings.RESUME_MAY_CHANGE`; :func:`fedweigh.preflight.check_run`
+refuses the others before anything starts), and ``config.json`` stays as the
+run's first segment wrote it. A folder that holds a run is never written by
+another run.
 The checkpoint is replaced atomically (:meth:`Checkpoint.save`), in the
 background while the next round runs (:class:`CheckpointWriter`), so a server
 killed at any moment leaves a whole one (the last round's or the one before),
@@ -56,15 +64,21 @@ import numpy as np
 import torch
 
 from fedweigh.protocol import TIMING_KEYS, TRAIN_LOSS
+from fedweigh.run_folder import (
+    CHECKPOINT_FILE,
+    CONFIG_FILE,
+    METRICS_FILE,
+    MODEL_FILE,
+    RESUMES_FILE,
+    ROUNDS_NOT_AGGREGATED,
+    SUMMARY_FILE,
+    read_config,
+)
+from fedweigh.settings import flatten
 from fedweigh.tracking import RunStatus, TrackedRun, Trackers
 
 logger = logging.getLogger("flwr.fedweigh")
 
-CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
-CHECKPOINT_FILE = "checkpoint.pt"
-MODEL_FILE = "model.pt"
-SUMMARY_FILE = "summary.json"
 
 CLIENT_NUM_EXAMPLES = "num_examples"
 """metrics.jsonl: a client entry's training sample count n_k (each entry also holds its ``train_loss``)."""
@@ -410,29 +424,38 @@ class RunRecorder:
         self.started = time.perf_counter()
         self.last_mark = self.started
         self.accuracies: dict[int, float] = {}
+        self.not_aggregated: set[int] = set()  # rounds whose global model stayed as it was
         self.last_round = 0
 
     def begin(
-        self, settings: Mapping[str, Any], resumed_round: int, instruction: Mapping[str, Any] | None = None
+        self,
+        settings: Mapping[str, Any],
+        resumed_round: int,
+        instruction: Mapping[str, Any] | None = None,
+        num_partitions: int | None = None,
     ) -> None:
-        """Create the folder, write the config, drop rounds after a resume point.
+        """Create the folder, write the config (a fresh run) or note the resumption, drop rounds after it.
 
         ``instruction`` is the train config every client receives (its
-        per-round values, such as the learning rate, are in each round's record).
+        per-round values, such as the learning rate, are in each round's
+        record); ``num_partitions`` the federation's size. A resumed run
+        (``resumed_round`` > 0) keeps ``config.json`` as its first segment
+        wrote it and appends a line to ``resumes.jsonl``: the round it
+        continues after, when, the federation's size and every setting that
+        differs from ``config.json``'s.
         """
         self.run_dir.mkdir(parents=True, exist_ok=True)
         config = {
             "settings": dict(settings),
             "instruction": dict(instruction or {}),
+            "num_partitions": num_partitions,
             "resumed_from_round": resumed_round,
-            "versions": {
-                "python": platform.python_version(),
-                "torch": torch.__version__,
-                "flwr": _version("flwr"),
-                "flwr-datasets": _version("flwr-datasets"),
-            },
+            "versions": _versions(),
         }
-        (self.run_dir / CONFIG_FILE).write_text(json.dumps(_jsonable(config), indent=2))
+        if resumed_round:
+            self._note_resumption(config)
+        else:
+            (self.run_dir / CONFIG_FILE).write_text(json.dumps(_jsonable(config), indent=2))
         metrics = self.run_dir / METRICS_FILE
         kept = []
         if resumed_round and metrics.exists():
@@ -440,25 +463,44 @@ class RunRecorder:
                 row = json.loads(line)
                 if row["round"] <= resumed_round:
                     kept.append(line)
-                    self.last_round = max(self.last_round, int(row["round"]))
-                    if row.get("accuracy") is not None:
-                        self.accuracies[row["round"]] = row["accuracy"]
+                    self._note_row(row)
         metrics.write_text("".join(line + "\n" for line in kept))
         self.trackers.start(TrackedRun(self.run_dir.name, self.run_dir, config["settings"], resumed_round))
         self.last_mark = time.perf_counter()  # round 1's seconds are the round's, not the trackers' start-up
+
+    def _note_resumption(self, config: Mapping[str, Any]) -> None:
+        """Append this resumption to ``resumes.jsonl`` (config.json stays the run's own)."""
+        first = read_config(self.run_dir) or {}
+        before, now = flatten(_jsonable(first.get("settings") or {})), flatten(_jsonable(config["settings"]))
+        changed = {key: {"was": before.get(key), "now": now[key]} for key in now if before.get(key) != now[key]}
+        line = {
+            "after_round": config["resumed_from_round"],
+            "at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "num_partitions": config["num_partitions"],
+            "changed": changed,
+            "versions": config["versions"],
+        }
+        with (self.run_dir / RESUMES_FILE).open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(_jsonable(line)) + "\n")
+
+    def _note_row(self, row: Mapping[str, Any]) -> None:
+        """What the summary needs of a round's row: its accuracy, and whether it was aggregated."""
+        self.last_round = max(self.last_round, int(row["round"]))
+        if row.get("accuracy") is not None:
+            self.accuracies[row["round"]] = row["accuracy"]
+        if row.get("aggregated") is False:
+            self.not_aggregated.add(int(row["round"]))
 
     def record_round(self, row: dict[str, Any], num_rounds: int) -> None:
         """Append one round to metrics.jsonl and print a progress line."""
         now = time.perf_counter()
         row = {"round": row["round"], "seconds": round(now - self.last_mark, 3), **row}
         self.last_mark = now
-        if row.get("accuracy") is not None:
-            self.accuracies[row["round"]] = row["accuracy"]
         written = _jsonable(row)
         with (self.run_dir / METRICS_FILE).open("a") as handle:
             handle.write(json.dumps(written) + "\n")
         self.trackers.log_round(written, central=CENTRAL_METRICS)
-        self.last_round = max(self.last_round, int(row["round"]))
+        self._note_row(row)
         if row.get("accuracy") is None:  # not an evaluation round (evaluate-every)
             logger.info("[fedweigh] round %d/%d  %.1fs", row["round"], num_rounds, row["seconds"])
             return
@@ -484,6 +526,7 @@ class RunRecorder:
             "final_loss": final.get("loss"),
             "best_accuracy": max(self.accuracies.values()) if self.accuracies else None,
             "rounds": self.last_round,
+            ROUNDS_NOT_AGGREGATED: sorted(self.not_aggregated),
             "seconds": round(time.perf_counter() - self.started, 2),
             "run_dir": str(self.run_dir),
             **(extra or {}),
@@ -517,6 +560,16 @@ def without_timing(value: Any) -> Any:
     if isinstance(value, list):
         return [without_timing(item) for item in value]
     return value
+
+
+def _versions() -> dict[str, str]:
+    """The versions config.json records: Python, PyTorch, Flower and Flower Datasets."""
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "flwr": _version("flwr"),
+        "flwr-datasets": _version("flwr-datasets"),
+    }
 
 
 def _version(package: str) -> str:

@@ -28,7 +28,7 @@ from fedweigh.components import batch_transform, configure_torch, new_model, res
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.models import on_device
 from fedweigh.models.finetuning import exchanged_state, frozen_digest, load_exchanged_state
-from fedweigh.preflight import check_run, data_problems
+from fedweigh.preflight import check_run, federation_problems
 from fedweigh.results import (
     CHECKPOINT_FILE,
     EVALUATE_SECONDS,
@@ -43,6 +43,7 @@ from fedweigh.results import (
     resolve_run_dir,
     round_train_loss,
 )
+from fedweigh.run_folder import ROUNDS_NOT_AGGREGATED
 from fedweigh.settings import Settings, SettingsError
 from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.build import build_strategy
@@ -161,17 +162,12 @@ def main(grid: Grid, context: Context) -> None:
     else:
         start_round = 0
         initial = encode(exchanged_state(model))
-    if start_round >= settings.num_server_rounds:
-        raise ValueError(
-            f"setting resume-from = {settings.resume_from!r} already holds {start_round} rounds; "
-            f"accepted: num-server-rounds above {start_round}"
-        )
 
     grid = wakeup_grid(grid, settings.event_driven_simulation)  # a simulation: replies picked up when stored
     directory = NodeDirectory()
     nodes = directory.await_federation(grid, settings.min_train_nodes)
     num_partitions = directory.num_partitions or len(nodes)
-    if problems := data_problems(settings, num_partitions):
+    if problems := federation_problems(settings, num_partitions):
         raise SettingsError(problems)
     server_data, test = server_and_test_data(settings, num_partitions)
     if server_data is not None:
@@ -198,7 +194,9 @@ def main(grid: Grid, context: Context) -> None:
             grid = ReplayGrid(grid)  # the transport's fault: some replies delivered twice
 
     recorder = RunRecorder(run_dir, open_trackers(settings, run_dir))
-    recorder.begin(settings.model_dump(by_alias=True), start_round, instruction=strategy.recipe)
+    recorder.begin(
+        settings.model_dump(by_alias=True), start_round, instruction=strategy.recipe, num_partitions=num_partitions
+    )
     logger.info("[fedweigh] results: %s", run_dir)
     checkpoints = CheckpointWriter(run_dir / CHECKPOINT_FILE)
     try:
@@ -222,6 +220,14 @@ def main(grid: Grid, context: Context) -> None:
             logger.exception("[fedweigh] the last checkpoint could not be written")
         recorder.fail(err)  # the trackers' runs end FAILED (KILLED when interrupted)
         raise
+    if lost := summary[ROUNDS_NOT_AGGREGATED]:
+        logger.warning(
+            "[fedweigh] %d of %d rounds were not aggregated (the global model stayed as it was): %s; "
+            "metrics.jsonl's left_out says why",
+            len(lost),
+            summary["rounds"],
+            ", ".join(map(str, lost)),
+        )
     logger.info(
         "[fedweigh] done: final accuracy %.4f after %d rounds; results in %s",
         summary["final_accuracy"] if summary["final_accuracy"] is not None else float("nan"),

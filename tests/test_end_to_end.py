@@ -113,7 +113,7 @@ def test_every_rule_with_every_strategy(output_dir, strategy, rule):
 
 def test_fedprox_training_with_fednolowe_weights(output_dir):
     """The issue's check: strategy=fedprox aggregation=fednolowe."""
-    rows, config = run(output_dir, "fedprox-fednolowe", strategy="fedprox", aggregation="fednolowe")
+    rows, config = run(output_dir, "fedprox-fednolowe-weights", strategy="fedprox", aggregation="fednolowe")
     for row in rows:
         losses = np.array([client["train_loss"] for client in row["clients"]])
         np.testing.assert_allclose([c["weight"] for c in row["clients"]], complement_share_weights(losses))
@@ -124,13 +124,13 @@ def test_fedprox_training_with_fednolowe_weights(output_dir):
     )
     assert plain_config["instruction"]["proximal-mu"] == 0.0
     assert [r["sampled"] for r in plain_rows] == [r["sampled"] for r in rows]
-    with_term = torch.load(output_dir / "fedprox-fednolowe" / "model.pt")
+    with_term = torch.load(output_dir / "fedprox-fednolowe-weights" / "model.pt")
     without = torch.load(output_dir / "fedprox-fednolowe-mu0" / "model.pt")
     assert any(not torch.equal(with_term[key], without[key]) for key in with_term)
 
 
 def test_ufl_loss_with_fedoui_weights(output_dir):
-    rows, config = run(output_dir, "ufl-fedoui", strategy="ufl", aggregation="fedoui")
+    rows, config = run(output_dir, "ufl-fedoui-weights", strategy="ufl", aggregation="fedoui")
     assert config["instruction"]["client-steps"] == ["ufl", "oui"]
     for row in rows:
         assert all("uncertainty" in c and "oui" in c for c in row["clients"])
@@ -139,7 +139,7 @@ def test_ufl_loss_with_fedoui_weights(output_dir):
 
 def test_flood_records_lambda_the_learning_rate_phi_weights_and_the_pseudo_ood_fraction(output_dir):
     config = {"strategy": "flood", "flood.halt-round": 2, "flood.a": 2.0, "lr-decay": 0.5, "num-server-rounds": 3}
-    rows, recorded = run(output_dir, "flood", **config)
+    rows, recorded = run(output_dir, "flood-lambda", **config)
     assert [row["diagnostics"]["asw-lambda"] for row in rows] == pytest.approx([0.0, 2.0, 4.0])  # a(1 - cos(pi t/T))
     assert [row["diagnostics"]["learning-rate"] for row in rows] == [0.05, 0.025, 0.0125]
     assert recorded["instruction"]["client-steps"] == ["asw", "ood-score"]
@@ -153,7 +153,7 @@ def test_flood_records_lambda_the_learning_rate_phi_weights_and_the_pseudo_ood_f
 
 
 def test_dac_plugs_into_another_strategy_without_asw(output_dir):
-    rows, recorded = run(output_dir, "fedprox-dac", strategy="fedprox", aggregation="dac")
+    rows, recorded = run(output_dir, "fedprox-dac-weights", strategy="fedprox", aggregation="dac")
     assert recorded["instruction"]["client-steps"] == ["ood-score"] and recorded["instruction"]["proximal-mu"] == 0.01
     assert all("ood-score" in c and "pseudo-ood-fraction" not in c for row in rows for c in row["clients"])
     assert all("asw-lambda" not in row["diagnostics"] for row in rows)

@@ -32,11 +32,13 @@ from fedweigh.experiments.runs import accuracy_auc, collect_results, run_scores
 from fedweigh.experiments.spec import ExperimentError, load_experiment, parse_reported
 from fedweigh.launch.progress import RunsProgress, parse_round_line
 from fedweigh.launch.runconfig import load_app_config
+from fedweigh.launch.simulation import RunOutcome
 from fedweigh.protocol import TRAIN_LOSS
 from fedweigh.results import CHECKPOINT_FILE, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, Checkpoint
 from fedweigh.results import TOP5_ACCURACY as TOP5
 from fedweigh.results import TRAIN_LOSS_UNWEIGHTED as UNWEIGHTED_LOSS
 from fedweigh.results import WEIGHTED_F1 as WEIGHTED
+from fedweigh.run_folder import run_files
 
 DEFAULTS = load_app_config(REPO)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -589,3 +591,31 @@ def test_an_arm_evaluated_every_few_rounds_with_feddles_record_is_scored_and_plo
     assert "best of last 5" not in report.summary_md.read_text()
     with report.results_csv.open() as handle:
         assert float(next(r for r in csv.DictReader(handle) if r["arm"] == "fedoui")["late_max_accuracy"]) == 0.45
+
+
+class RecordingSimulation:
+    """Stands in for the runner's simulation: notes what each run's folder held at submission, then writes a
+    finished run there."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, list[str]] = {}
+
+    def run(self, run_config, **kwargs):
+        folder = Path(run_config["output-dir"]) / run_config["run-name"]
+        self.found[folder.name] = run_files(folder) if "resume-from" not in run_config else ["(resumed)"]
+        write_run(folder, [0.1, 0.2, 0.3], rounds=3, checkpoint=3, settings={"seed": run_config["seed"]})
+        return RunOutcome(1, "finished:completed", folder, dict(run_config))
+
+
+def test_a_run_started_over_in_its_folder_sets_the_earlier_attempt_aside(tmp_path):
+    """A folder that holds a run is never written by another run: the runner, starting a run over (its last
+    attempt left no usable checkpoint), moves that attempt's files into ``set-aside-<time>/`` first."""
+    experiment, runs = planned(tmp_path)
+    write_run(runs[2].run_dir, [0.1, 0.2, 0.3], checkpoint=3, settings={"seed": 2})  # checkpointed, never finished
+    earlier = {name: (runs[2].run_dir / name).read_bytes() for name in run_files(runs[2].run_dir)}
+    simulation = RecordingSimulation()
+    outcome = run_experiment(experiment, tmp_path, REPO, DEFAULTS, port=1, out=io.StringIO(), simulation=simulation)
+    assert outcome.failed == ()
+    assert simulation.found == {name: [] for name in ("fedavg-seed1", "fedoui-seed1", "fedavg-seed2", "fedoui-seed2")}
+    (aside,) = runs[2].run_dir.glob("set-aside-*")
+    assert {name: (aside / name).read_bytes() for name in run_files(aside)} == earlier

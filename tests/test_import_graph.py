@@ -34,6 +34,7 @@ LAYERS: list[set[str]] = [
         "fedweigh.rules",
         "fedweigh.client",
         "fedweigh.results",
+        "fedweigh.run_folder",
         "fedweigh.tracking",
     },
     {"fedweigh.methods", "fedweigh.components", "fedweigh.strategies", "fedweigh.preflight", "fedweigh.flops"},

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import io
+import json
+import os
+import signal
+import subprocess
 import sys
+import time
 import tomllib
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
+from conftest import REPO
 
+from fedweigh import cli
 from fedweigh.launch.commands import (
+    COMPLETED,
     build_federation_config,
     flwr_run_command,
     parse_run_id,
@@ -18,6 +28,8 @@ from fedweigh.launch.commands import (
     superlink_command,
 )
 from fedweigh.launch.connection import merge_connection, resolve_flwr_home, update_connection_text, write_connection
+from fedweigh.launch.processes import descendants, process_table
+from fedweigh.launch.progress import PendingRun, RunsProgress
 from fedweigh.launch.runconfig import (
     build_run_config_arg,
     default_run_name,
@@ -29,6 +41,10 @@ from fedweigh.launch.runconfig import (
     resolve_output_dir,
     results_dir_for,
 )
+from fedweigh.launch.simulation import RunOutcome
+from fedweigh.results import Checkpoint
+from fedweigh.run_folder import CHECKPOINT_FILE
+from fedweigh.settings import nest
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -42,6 +58,8 @@ APP_DEFAULTS = {
     "dataset": "digits",
     "augment": True,
     "fedprox.proximal-mu": 0.01,
+    "fedoui.window": 5,
+    "num-server-rounds": 5,
 }
 
 
@@ -323,16 +341,8 @@ def test_prepare_run_config_defaults(tmp_path: Path):
 
 def test_prepare_run_config_strategy_override_and_paths(tmp_path: Path):
     (tmp_path / "mydata").mkdir()
-    (tmp_path / "ckpt.pt").write_text("x")
     cfg = prepare_run_config(
-        {
-            "strategy": "feddle",
-            "output-dir": "res",
-            "dataset": "mydata",
-            "resume-from": "ckpt.pt",
-            "learning-rate": 1,
-            "seed": 2,
-        },
+        {"strategy": "feddle", "output-dir": "res", "dataset": "mydata", "learning-rate": 1, "seed": 2},
         APP_DEFAULTS,
         tmp_path,
         now=NOW,
@@ -340,9 +350,38 @@ def test_prepare_run_config_strategy_override_and_paths(tmp_path: Path):
     assert cfg["run-name"] == "feddle-20260102T030405Z"
     assert cfg["output-dir"] == str(tmp_path / "res")
     assert cfg["dataset"] == str(tmp_path / "mydata")
-    assert cfg["resume-from"] == str(tmp_path / "ckpt.pt")
     assert cfg["learning-rate"] == 1.0 and isinstance(cfg["learning-rate"], float)
     assert cfg["seed"] == 2 and isinstance(cfg["seed"], int)
+
+
+def recorded_run(folder: Path, **settings) -> Path:
+    """A run folder whose config.json records ``settings`` (flat keys) over the app's defaults."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"settings": nest({**APP_DEFAULTS, **settings})}))
+    return folder
+
+
+def test_a_resumed_run_continues_in_its_folder_with_the_settings_it_was_made_with(tmp_path: Path):
+    """``resume-from`` alone continues the run as it was: its folder, and every setting config.json recorded."""
+    folder = recorded_run(tmp_path / "outputs" / "x", seed=7, strategy="fedoui", **{"fedoui.window": 3})
+    cfg = prepare_run_config({"resume-from": "outputs/x", "num-server-rounds": 8}, APP_DEFAULTS, tmp_path, now=NOW)
+    assert cfg["resume-from"] == str(folder) and results_dir_for(cfg) == folder
+    assert cfg["run-name"] == "x" and cfg["output-dir"] == str(folder.parent)  # not a generated name
+    assert (cfg["seed"], cfg["strategy"], cfg["fedoui.window"], cfg["num-server-rounds"]) == (7, "fedoui", 3, 8)
+    assert "learning-rate" not in cfg  # the defaults are the app's: not repeated
+    given = prepare_run_config({"resume-from": str(folder), "seed": 9}, APP_DEFAULTS, tmp_path)
+    assert given["seed"] == 9  # what is given is sent: the check before the run says whether it may differ
+
+
+@pytest.mark.parametrize(("key", "value"), [("run-name", "y"), ("output-dir", "elsewhere")])
+def test_a_resumed_run_refuses_to_be_placed_in_another_folder(tmp_path: Path, key, value):
+    folder = recorded_run(tmp_path / "outputs" / "x")
+    with pytest.raises(ValueError, match=f"{key} = '{value}' with resume-from = .*continues in its own folder"):
+        prepare_run_config({"resume-from": str(folder), key: value}, APP_DEFAULTS, tmp_path)
+    same = {"run-name": "x", "output-dir": "outputs"}[key]
+    assert (
+        results_dir_for(prepare_run_config({"resume-from": str(folder), key: same}, APP_DEFAULTS, tmp_path)) == folder
+    )
 
 
 def test_prepare_run_config_keeps_explicit_run_name(tmp_path: Path):
@@ -360,6 +399,21 @@ def test_prepare_run_config_default_name_avoids_existing_results(tmp_path: Path)
 def test_prepare_run_config_rejects_unknown_keys(tmp_path: Path):
     with pytest.raises(ValueError, match="bogus"):
         prepare_run_config({"bogus": 1}, APP_DEFAULTS, tmp_path)
+
+
+def test_a_misspelled_setting_gets_the_closest_names_not_every_key(tmp_path: Path):
+    with pytest.raises(ValueError) as refused:
+        prepare_run_config({"num-server-round": 2}, APP_DEFAULTS, tmp_path)
+    message = str(refused.value)
+    assert "unknown setting 'num-server-round' (did you mean num-server-rounds?)" in message
+    assert "adam-beta1" not in message and len(message) < 300  # was: all ~150 keys
+
+
+def test_a_setting_given_twice_is_refused_not_silently_the_last():
+    with pytest.raises(ValueError, match=r"seed is given twice in --run-config \(seed=1, then seed=2\)"):
+        parse_run_config(["seed=1 seed=2"])
+    with pytest.raises(ValueError, match="seed is given twice"):
+        parse_run_config(["seed=1", "strategy=fedoui seed=1"])
 
 
 def test_prepare_run_config_app_without_output_keys(tmp_path: Path):
@@ -477,3 +531,157 @@ def test_fedweigh_list_shows_every_name_a_run_config_may_use(capsys):
     printed = capsys.readouterr().out
     for name in [*METHODS, *RULES, *STEPS, *SIGNALS, *model_names()]:
         assert f"  {name} " in printed, name
+
+
+# ---------------------------------------------------------------- a launcher killed, a run that stopped
+
+LAUNCHER = """
+import os, sys, time
+from fedweigh.launch.processes import Guardian, descendants, process_table, spawn_logged
+
+with open(sys.argv[1], "wb") as log:
+    service = spawn_logged(["sh", "-c", "sleep 300 & sleep 300"], log, os.environ)
+while not descendants(service.pid, process_table()):  # the tree is whole before the guardian looks at it
+    time.sleep(0.01)
+guardian = Guardian(service.pid)
+if sys.argv[2] == "release":
+    guardian.release()
+print(service.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def alive(pids: set[int]) -> set[int]:
+    table = process_table()
+    return {pid for pid in pids if pid in table and table[pid][2] != "Z"}
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+@pytest.mark.parametrize("release", [False, True], ids=["killed", "released"])
+def test_a_service_ends_with_the_launcher_that_started_it_even_after_sigkill(tmp_path: Path, release):
+    """``kill -9`` of ``fedweigh simulate`` left its SuperLink and SuperExec running; its guardian now stops the
+    whole tree (the service and the child it forked). A guardian told ``release`` leaves the service alone."""
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(tmp_path / "log"), "release" if release else "guard"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert launcher.stdout is not None
+    service = int(launcher.stdout.readline())
+    tree = {service} | {pid for pid, _ in descendants(service, process_table())}
+    assert len(tree) >= 2  # the shell and its children
+    launcher.kill()
+    launcher.wait()
+    try:
+        if release:
+            assert alive(tree) == tree  # the guardian exited when released: nothing will stop them
+            return
+        deadline = time.monotonic() + 60
+        while alive(tree) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive(tree)
+    finally:
+        for pid in alive(tree):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_the_progress_line_of_a_failed_run_says_failed():
+    out = io.StringIO()
+    progress = RunsProgress([PendingRun("x", 3)], label="simulate", out=out)
+    progress.start_run(progress.runs[0])
+    progress.finish_run(False)
+    assert out.getvalue().splitlines()[-1].startswith("[simulate] x: failed")  # was: "x: done"
+
+
+def written(path: Path, text: str, age: float = 0.0) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if age:
+        stamp = time.time() - age
+        os.utime(path, (stamp, stamp))
+    return path
+
+
+def test_an_outcome_reads_only_what_its_own_run_wrote(tmp_path: Path):
+    """A failed resume printed the ``final_accuracy`` an earlier run had left in the folder."""
+    folder = tmp_path / "x"
+    written(folder / "summary.json", '{"final_accuracy": 0.99, "rounds": 3}', age=3600)
+    outcome = RunOutcome(1, "finished:failed", folder, submitted=time.time())
+    assert outcome.summary() is None and not outcome.results_complete(3)
+    written(folder / "summary.json", '{"final_accuracy": 0.5, "rounds": 3}')
+    assert outcome.summary() == {"final_accuracy": 0.5, "rounds": 3} and not outcome.results_complete(3)
+    written(folder / "model.pt", "")
+    assert outcome.results_complete(3) and not outcome.results_complete(4)
+
+
+class ScriptedSimulation:
+    """Stands in for :class:`LocalSimulation` in ``fedweigh simulate``: its run writes what ``script`` writes."""
+
+    script: Any = None
+    calls = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.startup_seconds = self.stop_seconds = None
+
+    def __enter__(self) -> ScriptedSimulation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def run(self, overrides: dict[str, Any], **kwargs: Any) -> RunOutcome:
+        ScriptedSimulation.calls += 1
+        submitted = time.time()
+        folder = Path(overrides["output-dir"]) / overrides["run-name"]
+        status = ScriptedSimulation.script(folder)
+        return RunOutcome(11, status, folder, overrides, "" if status == COMPLETED else "No heartbeat", {}, submitted)
+
+
+def simulate(monkeypatch, capsys, script, config: str) -> tuple[int, str]:
+    monkeypatch.setattr(cli, "LocalSimulation", ScriptedSimulation)
+    ScriptedSimulation.script, ScriptedSimulation.calls = script, 0
+    code = cli.main(["simulate", "--app", str(REPO), "--port", "1", "--num-supernodes", "4", "--run-config", config])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_a_run_killed_mid_way_says_how_to_continue_it_and_shows_no_other_runs_result(tmp_path, monkeypatch, capsys):
+    """After ``kill -9`` of the simulation process: ``finished:failed (No heartbeat...)`` and not a word on
+    ``resume-from``; and the summary an earlier run had left was printed as this run's."""
+
+    def killed_after_round_1(folder: Path) -> str:
+        Checkpoint(1, {}, {}).save(written(folder / "metrics.jsonl", "").parent / CHECKPOINT_FILE)
+        written(folder / "summary.json", '{"final_accuracy": 0.99, "rounds": 3}', age=3600)
+        return "finished:failed"
+
+    code, printed = simulate(monkeypatch, capsys, killed_after_round_1, f"output-dir='{tmp_path}' run-name=x")
+    assert code == 1 and "final_accuracy" not in printed
+    assert "run 11: finished:failed (No heartbeat)" in printed
+    command = f"fedweigh simulate --app {REPO} --num-supernodes 4 --run-config \"resume-from='{tmp_path / 'x'}'\""
+    assert f"the run stopped after round 1 of 5; its checkpoint continues it:\n  {command}" in printed
+
+
+def test_a_run_killed_after_writing_all_its_results_is_reported_complete(tmp_path, monkeypatch, capsys):
+    def killed_after_the_last_files(folder: Path) -> str:
+        written(folder / "summary.json", '{"final_accuracy": 0.9, "rounds": 5, "rounds_not_aggregated": [2]}')
+        written(folder / "model.pt", "")
+        return "finished:failed"
+
+    code, printed = simulate(monkeypatch, capsys, killed_after_the_last_files, f"output-dir='{tmp_path}' run-name=x")
+    assert code == 0 and "final_accuracy: 0.9" in printed
+    assert "its results are complete nonetheless: all 5 rounds, model.pt and summary.json were written" in printed
+    assert "warning: 1 of 5 rounds were not aggregated (the global model stayed as it was): rounds 2" in printed
+    assert "resume-from" not in printed
+
+
+def test_a_resume_with_changed_settings_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
+    from loopback import run_in_process
+
+    folder = run_in_process({"num-server-rounds": 1, "local-epochs": 1, "output-dir": str(tmp_path), "run-name": "x"})
+    config = (folder / "config.json").read_bytes()
+    code, printed = simulate(monkeypatch, capsys, None, f"resume-from='{folder}' num-server-rounds=2 model-hidden='32'")
+    assert code == 2 and ScriptedSimulation.calls == 0
+    assert "model-hidden = '32', but the run in" in printed and "Traceback" not in printed
+    assert (folder / "config.json").read_bytes() == config
+    code, printed = simulate(monkeypatch, capsys, None, f"resume-from='{folder}'")
+    assert code == 2 and "already holds 1 rounds, and num-server-rounds = 1" in printed

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from fedweigh.methods import METHODS, plan_run
 from fedweigh.preflight import catalog, check_run, combination_problems, parse_settings
 from fedweigh.protocol import STEPS
+from fedweigh.results import CHECKPOINT_FILE, Checkpoint
 from fedweigh.rules.registry import RULES
-from fedweigh.settings import SettingsError, validate
+from fedweigh.run_folder import recorded_settings
+from fedweigh.settings import RESUME_MAY_CHANGE, SettingsError, validate
 from fedweigh.strategies.registry import UPDATES
 from fedweigh.strategies.updates import ServerUpdate
 
@@ -173,3 +179,135 @@ def test_every_strategy_and_rule_pair_passes_the_check(strategy, rule):
     for signal in RULES[rule].build(settings).signals:  # the rule's signals are produced by a planned step
         producer = [name for name, spec in STEPS.items() if signal in spec.produces]
         assert producer == [] or producer[0] in plan.step_names
+
+
+# ---------------------------------------------------------------------------
+# the run folder: never written by another run; a resume checked before anything starts
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A 2-round FedAvg run on digits with seed 7 (real ServerApp and ClientApp, in process), on 4 nodes."""
+    from loopback import run_in_process
+
+    out = tmp_path_factory.mktemp("runs")
+    return run_in_process({**RUN, "output-dir": str(out), "run-name": "x"}, num_nodes=4)
+
+
+RUN = {"num-server-rounds": 2, "local-epochs": 1, "seed": 7}
+
+
+def resumed_config(folder, **changes) -> dict:
+    """The settings ``folder``'s run was made with, resuming it, with ``changes``."""
+    return {**recorded_settings(folder), "resume-from": str(folder), "num-server-rounds": 3, **changes}
+
+
+def folder_copy(folder, tmp_path):
+    """A copy of a run folder that a test may damage."""
+    return Path(shutil.copytree(folder, tmp_path / folder.name))
+
+
+def test_a_folder_that_holds_a_run_is_never_written_by_another(finished_run):
+    """``run-name = x`` a second time replaced all five files of outputs/x (metrics.jsonl: 3 rows to 1)."""
+    from loopback import run_in_process
+
+    before = {path.name: path.read_bytes() for path in finished_run.iterdir() if path.is_file()}
+    config = {**RUN, "seed": 9, "num-server-rounds": 1, "output-dir": str(finished_run.parent), "run-name": "x"}
+    (message,) = problems_of(config)
+    assert message == (
+        f"run-name = 'x': {finished_run} already holds a run (config.json, metrics.jsonl, checkpoint.pt, model.pt, "
+        f"summary.json), which this run would overwrite; accepted: another run-name, or resume-from = "
+        f"{str(finished_run)!r} to continue that run"
+    )
+    with pytest.raises(SettingsError):  # the ServerApp refuses too (plain `flwr run`)
+        run_in_process(config)
+    assert {path.name: path.read_bytes() for path in finished_run.iterdir() if path.is_file()} == before
+
+
+def test_a_resume_may_change_only_what_does_not_shape_the_run(finished_run):
+    changes = {"tracking": "tensorboard", "round-timeout": 30.0, "evaluate-every": 2, "device": "cpu"}
+    settings = check_run(resumed_config(finished_run, **changes), 4)
+    assert settings.num_server_rounds == 3 and settings.round_timeout == 30.0
+    assert set(changes) | {"num-server-rounds", "output-dir", "run-name", "resume-from"} <= RESUME_MAY_CHANGE
+
+
+def test_a_resume_with_other_settings_names_each_one_before_anything_starts(finished_run):
+    """``seed=7 num-server-rounds=4 model-hidden='32' resume-from=outputs/x``: size mismatch in every client, six
+    tracebacks, the original config.json overwritten; now one message naming the setting that differs."""
+    problems = problems_of(resumed_config(finished_run, **{"model-hidden": "32", "seed": 9, "fedprox.proximal-mu": 1}))
+    assert problems == [
+        f"fedprox.proximal-mu = 1.0, but the run in {finished_run} was made with fedprox.proximal-mu = 0.01, and a "
+        "resumed run keeps every setting that shapes it; accepted: fedprox.proximal-mu = 0.01 (or a new run, "
+        "without resume-from)",
+        f"model-hidden = '32', but the run in {finished_run} was made with model-hidden = '', and a resumed run "
+        "keeps every setting that shapes it; accepted: model-hidden = '' (or a new run, without resume-from)",
+        f"seed = 9, but the run in {finished_run} was made with seed = 7, and a resumed run keeps every setting that "
+        "shapes it; accepted: seed = 7 (or a new run, without resume-from)",
+    ]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "state_dict", "all-rounds", "no-config", "other-model"])
+def test_a_checkpoint_that_cannot_be_resumed_is_refused_with_one_line(finished_run, tmp_path, damage):
+    """Refused late before (SuperLink and Ray up, a Flower traceback, exit code 700); now by the check itself."""
+    folder = folder_copy(finished_run, tmp_path)
+    checkpoint = folder / CHECKPOINT_FILE
+    config = resumed_config(folder)
+    expected = {
+        "truncated": f"resume-from = {str(folder)!r}: {checkpoint} is truncated or damaged",
+        "state_dict": f"resume-from = {str(folder)!r}: {checkpoint} is not a fedweigh checkpoint: it holds a dict of "
+        "4 tensors (a model's state_dict?)",
+        "all-rounds": f"resume-from = {str(folder)!r}: the run there already holds 2 rounds, and num-server-rounds = 2;"
+        " accepted: num-server-rounds above 2 to run more rounds",
+        "no-config": f"resume-from = {str(folder)!r}: {folder / 'config.json'} is missing or unreadable",
+        "other-model": f"resume-from = {str(folder)!r}: its checkpoint's model does not fit model = 'mlp' (shapes "
+        "fc1.weight (64, 32) not (64, 64))",
+    }[damage]
+    if damage == "truncated":
+        checkpoint.write_bytes(checkpoint.read_bytes()[:10000])
+    elif damage == "state_dict":
+        checkpoint.write_bytes((folder / "model.pt").read_bytes())
+    elif damage == "all-rounds":
+        config["num-server-rounds"] = 2
+    elif damage == "no-config":
+        (folder / "config.json").unlink()
+    else:
+        saved = Checkpoint.load(checkpoint)
+        saved.arrays["fc1.weight"] = np.zeros((64, 32), dtype=np.float32)
+        saved.save(checkpoint)
+    (message,) = problems_of(config)
+    assert message.startswith(expected), message
+
+
+def test_a_resume_on_a_federation_of_another_size_is_refused(finished_run):
+    (message,) = problems_of(resumed_config(finished_run), 6)
+    assert message == (
+        f"resume-from = {str(finished_run)!r}: the run there was split into 4 partitions, one per node, and this "
+        "federation has 6; accepted: a federation of 4 nodes (fedweigh simulate --num-supernodes 4), as the run had"
+    )
+
+
+# ---------------------------------------------------------------------------
+# combinations that lose rounds or hang
+# ---------------------------------------------------------------------------
+
+
+def test_more_round_replies_than_a_round_samples_is_refused():
+    """``round-deadline=5.0 min-round-replies=20`` on 10 nodes sampling 5 was accepted."""
+    (message,) = problems_of({"round-deadline": 5.0, "min-round-replies": 20}, 10)
+    assert message == (
+        "min-round-replies = 20 is more than the 5 clients a round samples (fraction-train = 0.5 of 10 nodes, at "
+        "least min-train-nodes = 2), so no round could close at its round-deadline = 5.0 s; accepted: "
+        "min-round-replies <= 5"
+    )
+    check_run({"round-deadline": 5.0, "min-round-replies": 5}, 10)
+    check_run({"min-round-replies": 20}, 10)  # without a deadline it is not used
+
+
+@pytest.mark.parametrize("kinds", ["stall", "all", "nan,stall"])
+def test_stall_faults_need_a_round_timeout_that_does_not_hold_each_round_for_an_hour(kinds):
+    (message,) = problems_of({"faults.kinds": kinds, "faults.fraction": 0.3})
+    assert "round-timeout = 3600.0 s: every round with a stalling client would wait that long" in message
+    assert message.endswith("accepted: round-timeout <= 600 with stall faults (e.g. round-timeout = 30)")
+    check_run({"faults.kinds": kinds, "faults.fraction": 0.3, "round-timeout": 30.0})
+    check_run({"faults.kinds": "nan", "faults.fraction": 0.3})

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from fedweigh.results import CHECKPOINT_FILE, MODEL_FILE, Checkpoint, RunRecorder, read_metrics, resolve_run_dir
+from fedweigh.run_folder import CONFIG_FILE, RESUMES_FILE, ROUNDS_NOT_AGGREGATED, SUMMARY_FILE
 
 
 def test_resume_from_a_folder_without_checkpoint_is_refused(tmp_path):
@@ -53,6 +56,38 @@ def test_the_server_app_refuses_a_bad_checkpoint_with_one_clear_message_before_w
     with pytest.raises(ValueError) as refused:
         run_in_process({**config, "num-server-rounds": 2, "resume-from": str(folder)})
     message = str(refused.value)
-    assert message.startswith(f"setting resume-from = {str(folder)!r}: {checkpoint} {why}"), message
+    assert message.startswith(f"invalid run config:\n  - resume-from = {str(folder)!r}: {checkpoint} {why}"), message
     assert "; accepted: the folder of an earlier run of this app" in message
     assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+
+
+def test_a_resume_keeps_the_runs_config_and_notes_what_changed(tmp_path):
+    """A resume rewrote config.json with its own settings (and a generated run-name): the original was lost."""
+    from loopback import run_in_process
+
+    config = {"num-server-rounds": 2, "local-epochs": 1, "seed": 7, "output-dir": str(tmp_path), "run-name": "x"}
+    folder = run_in_process(config)
+    original = (folder / CONFIG_FILE).read_bytes()
+    assert json.loads(original)["num_partitions"] == 4
+    run_in_process({**config, "num-server-rounds": 3, "resume-from": str(folder), "round-timeout": 60.0})
+    assert (folder / CONFIG_FILE).read_bytes() == original
+    (resumption,) = [json.loads(line) for line in (folder / RESUMES_FILE).read_text().splitlines()]
+    assert resumption["after_round"] == 2 and resumption["num_partitions"] == 4
+    assert resumption["changed"] == {
+        "num-server-rounds": {"was": 2, "now": 3},
+        "round-timeout": {"was": 3600.0, "now": 60.0},
+        "resume-from": {"was": "", "now": str(folder)},
+    }
+    assert [row["round"] for row in read_metrics(folder)] == [1, 2, 3]
+
+
+def test_rounds_that_were_not_aggregated_are_named_in_the_summary(tmp_path):
+    """A run whose rounds lost every client reported finished:completed; only metrics.jsonl told."""
+    from loopback import run_in_process
+
+    config = {"num-server-rounds": 2, "local-epochs": 1, "output-dir": str(tmp_path), "run-name": "lost"}
+    faulty = run_in_process({**config, "faults.kinds": "exception", "faults.fraction": 1.0})
+    summary = json.loads((faulty / SUMMARY_FILE).read_text())
+    assert summary[ROUNDS_NOT_AGGREGATED] == [1, 2]
+    healthy = run_in_process({**config, "run-name": "healthy"})
+    assert json.loads((healthy / SUMMARY_FILE).read_text())[ROUNDS_NOT_AGGREGATED] == []

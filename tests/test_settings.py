@@ -6,7 +6,7 @@ import pytest
 from conftest import SHARED_DATASETS
 
 from fedweigh.preflight import parse_settings
-from fedweigh.settings import SettingsError
+from fedweigh.settings import SettingsError, shaping_differences
 
 
 def test_defaults_parse():
@@ -69,3 +69,33 @@ def test_client_steps_compose_methods_with_one_setting():
 def test_unknown_client_step_is_rejected():
     with pytest.raises(SettingsError, match="client-steps = 'bogus'.*accepted: .*ufl"):
         parse_settings({"client-steps": "bogus"})
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"local-epochs": True}, "local-epochs = True: a boolean where a number is expected; accepted: an integer"),
+        ({"learning-rate": False}, "learning-rate = False: a boolean where a number is expected; accepted: a number"),
+        ({"seed": "3"}, "seed = '3': a string where a number is expected; accepted: an integer, unquoted"),
+        ({"fedprox.proximal-mu": True}, "fedprox.proximal-mu = True: a boolean where a number is expected"),
+        ({"augment": 1}, "augment = 1: not a boolean; accepted: true or false"),
+        ({"augment": "yes"}, "augment = 'yes': not a boolean; accepted: true or false"),
+    ],
+)
+def test_a_value_of_another_type_is_refused_not_converted(config, message):
+    """``local-epochs=true`` ran with 1 epoch: pydantic turned the boolean into 1."""
+    with pytest.raises(SettingsError) as refused:
+        parse_settings(config)
+    assert refused.value.problems[0].startswith(message), refused.value.problems
+
+
+def test_an_integer_is_a_number():
+    settings = parse_settings({"learning-rate": 1, "lr-decay": 1, "local-epochs": 2})
+    assert (settings.learning_rate, settings.lr_decay, settings.local_epochs) == (1.0, 1.0, 2)
+
+
+def test_shaping_differences_leave_out_what_a_resumed_run_may_change():
+    recorded = {"seed": 7, "model-hidden": "", "num-server-rounds": 3, "tracking": "none", "gone": 1}
+    current = {"seed": 7, "model-hidden": "32", "num-server-rounds": 9, "tracking": "mlflow", "new": 2}
+    assert shaping_differences(recorded, current) == [("model-hidden", "", "32")]
+    assert shaping_differences({"x": (1.0, 2.0), "y": float("inf")}, {"x": [1.0, 2.0], "y": None}) == []

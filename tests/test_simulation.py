@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -55,8 +57,9 @@ def output_dir(tmp_path_factory):
 
 def run(simulation, output_dir, name: str, **config):
     """A real run of ``SMALL`` plus ``config``; its log (Flower's and the app's) in ``<output_dir>/<name>.log``."""
+    place = {} if "resume-from" in config else {"output-dir": str(output_dir), "run-name": name}  # its own folder
     outcome = simulation.run(
-        {**SMALL, "output-dir": str(output_dir), "run-name": name, **config},
+        {**SMALL, **place, **config},
         num_supernodes=4,
         echo=False,
         log_path=output_dir / f"{name}.log",
@@ -232,7 +235,10 @@ def test_a_run_killed_and_resumed_ends_exactly_where_the_uninterrupted_one_does(
     assert 1 <= killed["killed_after"] < 3  # the server died with rounds left to train
     assert resumed == killed["folder"]  # a resumed run continues in its own folder
     config = json.loads((resumed / "config.json").read_text())
-    assert config["resumed_from_round"] == killed["killed_after"]
+    assert config["resumed_from_round"] == 0 and config["settings"]["resume-from"] == ""  # the first segment's
+    (resumption,) = [json.loads(line) for line in (resumed / "resumes.jsonl").read_text().splitlines()]
+    assert resumption["after_round"] == killed["killed_after"]
+    assert resumption["changed"] == {"resume-from": {"was": "", "now": str(resumed)}}  # nothing else differs
     assert [row["round"] for row in read_metrics(resumed)] == [1, 2, 3]
     assert comparable(resumed) == comparable(straight)
     final_straight, final_resumed = torch.load(straight / MODEL_FILE), torch.load(resumed / MODEL_FILE)
@@ -305,3 +311,49 @@ def test_the_vanilla_flower_peer_of_the_overhead_benchmark_runs(shared_simulatio
     rows = read_metrics(outcome.results_dir)
     assert [row["round"] for row in rows] == [1, 2]
     assert all(0.0 <= row["accuracy"] <= 1.0 and row["seconds"] > 0 for row in rows)
+
+
+@pytest.mark.xdist_group("cli")
+def test_fedweigh_simulate_killed_with_sigkill_takes_its_superlink_and_runs_with_it(tmp_path):
+    """``kill -9`` of ``fedweigh simulate`` left its SuperLink and SuperExec running (and the run training):
+    its guardian now stops the SuperLink's whole tree, then ends itself."""
+    port = free_port()
+    config = f"num-server-rounds=100 output-dir='{tmp_path}' run-name=k simulation-backend='in-process'"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "fedweigh.cli", "simulate", "--app", str(REPO), "--port", str(port)]
+        + ["--num-supernodes", "2", "--run-config", config],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert launcher.stdout is not None
+    seen = []
+    for line in launcher.stdout:  # until the run trains; ends early only if the command does
+        seen.append(line)
+        if "[ROUND 1/" in line:
+            break
+    assert any("[ROUND 1/" in line for line in seen), "".join(seen)
+    superlink = int((REPO / ".flwr" / f"superlink-{port}.pid").read_text())
+    table = process_table()
+    tree = {superlink} | {pid for pid, _ in descendants(superlink, table)}
+    guardians = {pid for pid in table if f"fedweigh.launch.guardian {superlink}" in command_line(pid)}
+    assert len(guardians) == 1 and any("flwr-simulation" in command_line(pid) for pid in tree)
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    deadline = time.monotonic() + 120
+    while living(tree | guardians) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not living(tree | guardians), {pid: command_line(pid) for pid in living(tree | guardians)}
+
+
+def command_line(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def living(pids: set[int]) -> set[int]:
+    table = process_table()
+    return {pid for pid in pids if pid in table and table[pid][2] != "Z"}

@@ -38,7 +38,6 @@ Example
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -47,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedweigh.experiments.spec import Experiment, ExperimentError
 from fedweigh.results import CHECKPOINT_FILE, CONFIG_FILE, SUMMARY_FILE, Checkpoint
-from fedweigh.settings import flatten
+from fedweigh.settings import flatten, shaping_differences
 from fedweigh.tracking import TENSORBOARD_FOLDER, local_store
 
 if TYPE_CHECKING:
@@ -79,9 +78,6 @@ RUN_RECORD_FILE = "experiment-run.json"
 
 TRACKING_SETTINGS = frozenset({"tracking", "tensorboard-dir", "tracking-uri", "tracking-experiment"})
 """Where a run's rounds are shown, not what they are: they may change on resuming, and name no output folder."""
-
-# Settings that legitimately differ between a run's first segment and its resumption.
-_RUN_SPECIFIC = frozenset({"output-dir", "run-name", "resume-from", "num-server-rounds"}) | TRACKING_SETTINGS
 
 
 def run_name(arm: str, seed: int) -> str:
@@ -244,28 +240,21 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _normalized(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def settings_differences(recorded: Mapping[str, Any], expected: Mapping[str, Any]) -> list[str]:
-    """Settings (flat keys) whose recorded and expected values differ.
+    """Settings whose recorded and expected values differ, among those that shape a run.
 
     Keys present on one side only are ignored (a newer version may add
-    settings); so are the run-specific ones (output dir, run name, resume
-    point, number of rounds).
+    settings); so are those a resumed run may change
+    (:data:`fedweigh.settings.RESUME_MAY_CHANGE`: output folder, run name,
+    resume point, number of rounds, trackers, ...).
 
     >>> settings_differences({"seed": 1, "fedoui": {"window": 1}}, {"seed": 1, "fedoui": {"window": 5}})
     ['fedoui.window: 1 in the folder, 5 now']
     """
-    old, new = flatten(recorded), flatten(expected)
-    differences = []
-    for key in sorted(set(old) & set(new) - _RUN_SPECIFIC):
-        if _normalized(old[key]) != _normalized(new[key]):
-            differences.append(f"{key}: {old[key]!r} in the folder, {new[key]!r} now")
-    return differences
+    return [
+        f"{key}: {old!r} in the folder, {new!r} now"
+        for key, old, new in shaping_differences(flatten(recorded), flatten(expected))
+    ]
 
 
 def inspect_run(run: PlannedRun, expected_settings: Mapping[str, Any] | None = None) -> RunPlan:

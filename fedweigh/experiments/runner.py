@@ -32,7 +32,9 @@ from fedweigh.experiments.grid import (
 )
 from fedweigh.experiments.report import Report, write_report
 from fedweigh.experiments.spec import Experiment, ExperimentError
+from fedweigh.launch.commands import COMPLETED
 from fedweigh.launch.progress import RunsProgress
+from fedweigh.run_folder import set_aside
 
 __all__ = ["data_problems", "plan_experiment", "run_experiment"]
 
@@ -137,6 +139,8 @@ def run_experiment(
             if own:
                 sim.start()
             for plan in todo:
+                if plan.action is Action.START and (aside := set_aside(plan.run.run_dir)) is not None:
+                    launcher_log.write(f"[experiment] {plan.run.name}: {plan.note}; the earlier files are in {aside}\n")
                 progress.start_run(plan)
                 started, started_at = time.monotonic(), datetime.now(UTC).isoformat(timespec="seconds")
                 status, details, run_id = "interrupted", "", None
@@ -151,6 +155,8 @@ def run_experiment(
                         on_line=progress.echo_and_watch(sys.stdout) if echo else progress.on_line,
                     )
                     status, details, run_id = outcome.status, outcome.details, outcome.run_id
+                    if status != COMPLETED and outcome.results_complete(plan.rounds):
+                        status = COMPLETED  # killed after it wrote its model and summary: the run is whole
                 finally:
                     record_segment(
                         plan.run.run_dir,
@@ -164,7 +170,7 @@ def run_experiment(
                             "wall_seconds": round(time.monotonic() - started, 2),
                         },
                     )
-                ok = status == "finished:completed"
+                ok = status == COMPLETED
                 if not ok:
                     failed.append(plan.run.name)
                     out.write(

@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -198,6 +199,43 @@ class ProcessTree:
             self._wait_gone(lambda: {self.root}, 2.0)
         left = self._wait_gone(lambda: self.known, settle)
         return killed + self.kill(left)
+
+
+GUARDIAN_RELEASE = b"release"
+"""What a launcher tells its service's guardian when it needs it no more (it stopped or keeps the service)."""
+
+
+class Guardian:
+    """A process that stops ``root``'s process tree if this process dies before :meth:`release` (SIGKILL too).
+
+    See :mod:`fedweigh.launch.guardian`. The guardian runs in a session of
+    its own (a Ctrl-C in the terminal does not reach it) and reads commands
+    from a pipe that only this process holds open.
+    """
+
+    def __init__(self, root: int) -> None:
+        self.process: subprocess.Popen[bytes] | None = subprocess.Popen(
+            [sys.executable, "-m", "fedweigh.launch.guardian", str(root)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def release(self, timeout: float = 10.0) -> None:
+        """Let the guardian go without touching the service (idempotent)."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        with contextlib.suppress(OSError):  # a guardian that is gone already
+            assert process.stdin is not None
+            process.stdin.write(GUARDIAN_RELEASE + b"\n")
+            process.stdin.close()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def spawn_logged(cmd: list[str], log: Any, env: Mapping[str, str]) -> subprocess.Popen[bytes]:

@@ -125,6 +125,7 @@ class RunsProgress:
     out: TextIO = field(default_factory=lambda: sys.stderr)
     clock: Callable[[], float] = time.monotonic
     done: int = 0
+    failed: int = 0
     current: PlannedRounds | None = None
     current_round: int = 0
     last_accuracy: float | None = None
@@ -189,6 +190,7 @@ class RunsProgress:
             per_round = self.mean_round_seconds() or 0.0
             self.fixed_seconds.append(max(0.0, wall - rounds_done * per_round))
         self.done += 1
+        self.failed += 0 if ok else 1
         self.current = None
         self.show(final=True)
 
@@ -213,14 +215,16 @@ class RunsProgress:
         return left
 
     def line(self) -> str:
-        parts = [f"runs {self.done}/{self.total} done"] if self.total > 1 else []
+        failed = f", {self.failed} failed" if self.failed else ""
+        parts = [f"runs {self.done}/{self.total} done{failed}"] if self.total > 1 else []
         if self.current is not None:
             text = f"{self.current.name}: round {self.current_round}/{self.current.rounds}"
             if self.last_accuracy is not None:
                 text += f" acc {self.last_accuracy:.4f}"
             parts.append(text)
         elif self.total == 1:
-            parts.append(f"{self.runs[0].name}: {'done' if self.done else 'waiting'}")
+            state = "failed" if self.failed else "done" if self.done else "waiting"
+            parts.append(f"{self.runs[0].name}: {state}")
         parts.append(f"left ~{format_duration(self.seconds_left())}")
         return f"[{self.label}] " + " | ".join(parts)
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fedweigh.launch.commands import executable
-from fedweigh.launch.processes import ProcessTree, free_port, free_port_options, spawn_logged, tail
+from fedweigh.launch.processes import Guardian, ProcessTree, free_port, free_port_options, spawn_logged, tail
 from fedweigh.launch.runconfig import SimulationError
 
 NODE_PORTS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port")
@@ -54,6 +54,7 @@ class RayNode:
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen[bytes] | None = None
         self.tree: ProcessTree | None = None
+        self.guardian: Guardian | None = None
         self.startup_seconds: float | None = None
 
     def start(self) -> None:
@@ -61,6 +62,7 @@ class RayNode:
         with self.log_path.open("wb") as log:
             self.process = spawn_logged([executable("ray"), "start", "--block", *self.argv], log, self.env)
         self.tree = ProcessTree(self.process.pid, self.process)
+        self.guardian = Guardian(self.process.pid)  # stops the node should this process die first
         while self.STARTED not in self.log_path.read_text(errors="replace"):
             if self.process.poll() is not None or time.monotonic() - t0 > self.startup_timeout:
                 self.stop()
@@ -77,7 +79,9 @@ class RayNode:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-        self.process, self.tree = None, None
+        if self.guardian is not None:
+            self.guardian.release()
+        self.process, self.tree, self.guardian = None, None, None
         return killed
 
 

@@ -17,6 +17,7 @@ Example
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -27,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fedweigh.run_folder import recorded_settings
 from fedweigh.settings import flatten
 
 # Run-config keys holding local paths that are made absolute when they exist
@@ -108,7 +110,8 @@ def parse_run_config(args: Iterable[str] | None) -> dict[str, Any]:
     keys stay flat (``fedprox.proximal-mu``).  Differences from ``flwr``: a bare word
     that is not valid TOML (``strategy=fedoui``) is taken as a string instead of
     being rejected, and leftover text (``note=a b`` -> ``b``), which ``flwr``
-    silently drops, raises ``ValueError``.
+    silently drops, and a key given twice (``seed=1 seed=2``), of which ``flwr``
+    keeps the last, raise ``ValueError``.
     """
     args = [a for a in (args or []) if a and a.strip()]
     if not args:
@@ -117,6 +120,7 @@ def parse_run_config(args: Iterable[str] | None) -> dict[str, Any]:
         with Path(args[0]).expanduser().open("rb") as fh:
             return flatten(tomllib.load(fh))
     out: dict[str, Any] = {}
+    given: dict[str, str] = {}  # key -> the text that set it
     for arg in args:
         if arg.endswith(".toml"):
             raise ValueError("a .toml run-config file cannot be combined with k=v pairs")
@@ -129,6 +133,12 @@ def parse_run_config(args: Iterable[str] | None) -> dict[str, Any]:
                 )
             pos = m.end()
             key, raw = m.group(1), m.group(2)
+            if key in given:
+                raise ValueError(
+                    f"{key} is given twice in --run-config ({given[key]}, then {m.group(0)}); accepted: each "
+                    "setting once"
+                )
+            given[key] = m.group(0)
             try:
                 value = tomllib.loads(f"v = {raw}")["v"]
             except tomllib.TOMLDecodeError as err:
@@ -209,12 +219,9 @@ def prepare_run_config(
     - ``tensorboard-dir``, when given, is made absolute against ``cwd``.
     """
     cwd = Path(cwd)
-    unknown = sorted(set(overrides) - set(app_defaults))
+    unknown = [key for key in overrides if key not in app_defaults]
     if unknown:
-        raise ValueError(
-            f"unknown run-config key(s) {unknown}; accepted: the keys of the app's [tool.flwr.app.config] "
-            f"(README: Settings): {', '.join(sorted(app_defaults))}"
-        )
+        raise ValueError("; ".join(unknown_key_message(key, app_defaults) for key in unknown))
     cfg: dict[str, Any] = {}
     for key, value in overrides.items():
         default = app_defaults[key]
@@ -228,6 +235,8 @@ def prepare_run_config(
     for key in WRITTEN_PATH_KEYS:
         if cfg.get(key):
             cfg[key] = str(resolve_output_dir(cfg[key], cwd))
+    if cfg.get("resume-from"):
+        cfg = _resumed(cfg, app_defaults, cwd)
 
     if "output-dir" in app_defaults:
         out = resolve_output_dir(cfg.get("output-dir", app_defaults["output-dir"]), cwd)
@@ -245,6 +254,52 @@ def prepare_run_config(
     elif "run-name" in app_defaults and not str(cfg.get("run-name") or ""):
         cfg["run-name"] = default_run_name(cfg.get("strategy", app_defaults.get("strategy", "run")), now)
     return cfg
+
+
+def unknown_key_message(key: str, app_defaults: Mapping[str, Any]) -> str:
+    """``unknown setting 'num-server-round'; did you mean num-server-rounds? ...``: the closest names, not all.
+
+    >>> unknown_key_message("num-server-round", {"num-server-rounds": 5, "seed": 1})
+    "unknown setting 'num-server-round' (did you mean num-server-rounds?); accepted: the keys of the app's \
+[tool.flwr.app.config] (README: Settings)"
+    """
+    close = difflib.get_close_matches(key, list(app_defaults), n=3, cutoff=0.6)
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    return f"unknown setting {key!r}{hint}; accepted: the keys of the app's [tool.flwr.app.config] (README: Settings)"
+
+
+def _resumed(cfg: dict[str, Any], app_defaults: Mapping[str, Any], cwd: Path) -> dict[str, Any]:
+    """A resumed run's overrides: its own folder, and the settings it was made with where none are given.
+
+    ``resume-from`` alone continues the run as it was (the folder's
+    ``config.json`` fills in every setting not given here, those that differ
+    from the app's defaults); the run name and output folder are the
+    folder's. A ``run-name`` or ``output-dir`` naming another folder is
+    refused (a resumed run continues in its own). Whether the settings given
+    may differ from the run's is :func:`fedweigh.preflight.check_run`'s to say.
+    """
+    folder = Path(str(cfg["resume-from"])).expanduser()
+    if not folder.is_absolute():
+        folder = Path(os.path.normpath(cwd / folder))
+    own = {"run-name": folder.name, "output-dir": str(folder.parent)}
+    for key, value in own.items():
+        given = cfg.get(key)
+        if given in (None, ""):
+            continue
+        same = resolve_output_dir(given, cwd) == folder.parent if key == "output-dir" else str(given) == value
+        if not same:
+            raise ValueError(
+                f"{key} = {given!r} with resume-from = {str(folder)!r}: a resumed run continues in its own folder; "
+                f"accepted: no {key} (or {key} = {value!r})"
+            )
+    recorded = recorded_settings(folder) or {}
+    filled = {
+        key: value
+        for key, value in recorded.items()
+        if key in app_defaults and key not in cfg and value is not None and value != app_defaults[key]
+    }
+    place = {key: value for key, value in own.items() if key in app_defaults}
+    return {**filled, **cfg, "resume-from": str(folder), **place}
 
 
 def results_dir_for(run_config: Mapping[str, Any]) -> Path | None:

@@ -46,8 +46,11 @@ from fedweigh.launch.commands import (
 from fedweigh.launch.processes import sigint_ignored
 from fedweigh.launch.runconfig import load_app_config, prepare_run_config, results_dir_for
 from fedweigh.launch.superlink import STATUS_WAIT_AFTER_STREAM, LocalSuperLink
+from fedweigh.run_folder import MODEL_FILE, SUMMARY_FILE
 
 _FIRST_ROUND = re.compile(r"\[ROUND 1\b")
+_MTIME_SLACK = 1.0
+"""Seconds a file's modification time may lag the clock (file systems store coarse times)."""
 
 
 @dataclass
@@ -60,10 +63,34 @@ class RunOutcome:
     run_config: dict[str, Any] = field(default_factory=dict)
     details: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    submitted: float = 0.0  # wall time (time.time()) of the submission: older files are another run's
 
     @property
     def ok(self) -> bool:
         return self.status == COMPLETED
+
+    def _written_by_this_run(self, name: str) -> Path | None:
+        """``<results_dir>/<name>`` if this run wrote it (not a file an earlier run left in a resumed folder)."""
+        if self.results_dir is None:
+            return None
+        path = self.results_dir / name
+        try:
+            return path if path.stat().st_mtime >= self.submitted - _MTIME_SLACK else None
+        except OSError:
+            return None
+
+    def results_complete(self, num_rounds: int) -> bool:
+        """This run wrote its final model and a summary of all ``num_rounds`` rounds.
+
+        True also for a run whose process was killed after writing them, which
+        the SuperLink then reports as failed (no heartbeat).
+        """
+        summary = self.summary()
+        return (
+            summary is not None
+            and summary.get("rounds") == num_rounds
+            and self._written_by_this_run(MODEL_FILE) is not None
+        )
 
     @property
     def run_name(self) -> str | None:
@@ -71,11 +98,9 @@ class RunOutcome:
         return str(name) if name else None
 
     def summary(self) -> dict[str, Any] | None:
-        """Contents of ``<results_dir>/summary.json`` if it exists."""
-        if self.results_dir is None:
-            return None
-        path = self.results_dir / "summary.json"
-        if not path.is_file():
+        """Contents of ``<results_dir>/summary.json`` if this run wrote it (not an earlier run in the same folder)."""
+        path = self._written_by_this_run(SUMMARY_FILE)
+        if path is None:
             return None
         try:
             return json.loads(path.read_text(encoding="utf-8"))
@@ -141,6 +166,7 @@ class LocalSimulation(LocalSuperLink):
 
         timings: dict[str, float] = {}
         run_id: int | None = None
+        submitted = time.time()
         t0 = time.monotonic()
         log_fh = Path(log_path).open("a", encoding="utf-8") if log_path else None  # noqa: SIM115
         proc = subprocess.Popen(
@@ -184,7 +210,9 @@ class LocalSimulation(LocalSuperLink):
             if run_id is None:
                 self._say(f"`flwr run` exited with code {rc} without starting a run")
                 tail = " | ".join(line.strip() for line in last_lines if line.strip())
-                return RunOutcome(None, "not-started", results_dir, cfg, f"flwr run rc={rc}: {tail}", timings)
+                return RunOutcome(
+                    None, "not-started", results_dir, cfg, f"flwr run rc={rc}: {tail}", timings, submitted
+                )
             status, details = self.wait_for_run(run_id, wait_timeout)
             timings["total_s"] = time.monotonic() - t0
             self.settle()
@@ -209,4 +237,4 @@ class LocalSimulation(LocalSuperLink):
                 proc.wait()
             if log_fh:
                 log_fh.close()
-        return RunOutcome(run_id, status, results_dir, cfg, details, timings)
+        return RunOutcome(run_id, status, results_dir, cfg, details, timings, submitted)

@@ -32,7 +32,7 @@ from fedweigh.launch.commands import (
     superlink_is_up,
 )
 from fedweigh.launch.connection import DEFAULT_CONNECTION, resolve_flwr_home, write_connection
-from fedweigh.launch.processes import ProcessTree, sigint_ignored, spawn_logged, tail
+from fedweigh.launch.processes import Guardian, ProcessTree, sigint_ignored, spawn_logged, tail
 from fedweigh.launch.ray import RayHead
 from fedweigh.launch.runconfig import SimulationError
 
@@ -117,6 +117,7 @@ class LocalSuperLink:
         self.ray_nodes = ray_nodes  # nodes of the shared cluster, all on this machine
         self.ray: RayHead | None = None  # the shared Ray cluster we started
         self.claim = claim_for(self.port)  # held while we will stop the SuperLink we started
+        self.guardian: Guardian | None = None  # stops the SuperLink we started if we die first
 
     # -- lifecycle ---------------------------------------------------------------------
     def __enter__(self) -> Self:
@@ -185,6 +186,8 @@ class LocalSuperLink:
             self.process = spawn_logged(cmd, log, self.env)
         self.pid_path.write_text(f"{self.process.pid}\n")
         self.tree = ProcessTree(self.process.pid, self.process)
+        # stops the SuperLink and all below it should this process die without stopping them (SIGKILL)
+        self.guardian = None if self.keep_superlink else Guardian(self.process.pid)
         deadline = t0 + self.startup_timeout
         while not superlink_is_up(self.port):
             if self.process.poll() is not None:
@@ -192,6 +195,7 @@ class LocalSuperLink:
                 self.process = None
                 self.tree = None
                 self.pid_path.unlink(missing_ok=True)
+                self._release_guardian()
                 self._stop_ray()
                 raise SimulationError(
                     f"flower-superlink exited with code {code}; see {self.log_path}:\n" + tail(self.log_path)
@@ -265,11 +269,17 @@ class LocalSuperLink:
         self.process = None
         self.tree = None
         self.pid_path.unlink(missing_ok=True)
+        self._release_guardian()
         self._stop_ray()
         self.claim.release()
         self.stop_seconds = time.monotonic() - t0
         extra = f" (had to SIGKILL {killed})" if killed else ""
         self._say(f"SuperLink (pid {pid}) stopped in {self.stop_seconds:.1f}s{extra}")
+
+    def _release_guardian(self) -> None:
+        if self.guardian is not None:
+            self.guardian.release()
+            self.guardian = None
 
     def _stop_ray(self) -> None:
         if self.ray is None:
