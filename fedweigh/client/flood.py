@@ -31,7 +31,7 @@ Example
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -207,17 +207,29 @@ def mean_score(
     batch_size: int = 256,
 ) -> float:
     """φ: the mean score of ``model`` (in eval mode) over ``data`` (Eq. 10); the model's modes are restored."""
+    inputs = (
+        transform(images.to(device), train=augment, generator=generator)
+        for images, _, _ in batches(data, batch_size, shuffle=False)
+    )
+    return mean_score_of(model, inputs, score)
+
+
+@torch.no_grad()
+def mean_score_of(model: nn.Module, inputs: Iterable[torch.Tensor], score: ScoreFunction) -> float:
+    """:func:`mean_score` over batches of model inputs as they are (a user's own pipeline's)."""
     modes = {module: module.training for module in model.modules()}
     model.eval()
-    total = 0.0
+    total, count = 0.0, 0
     try:
-        for images, _, _ in batches(data, batch_size, shuffle=False):
-            inputs = transform(images.to(device), train=augment, generator=generator)
-            total += float(score(model(inputs)).double().sum())
+        for x in inputs:
+            total += float(score(model(x)).double().sum())
+            count += len(x)
     finally:
         for module, training in modes.items():
             module.training = training
-    return total / len(data)
+    if count == 0:
+        raise ValueError("the OOD score needs at least one sample")
+    return total / count
 
 
 class OODScoreStep(ClientStep):

@@ -25,7 +25,7 @@ the same probabilities up to float rounding.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -108,12 +108,12 @@ class DropoutSite:
     inserted: bool
 
 
-def ensure_mc_dropout(model: nn.Module, p: float) -> list[DropoutSite]:
+def ensure_mc_dropout(model: nn.Module, p: float, classifier: str = "") -> list[DropoutSite]:
     """Make sure ``model`` has dropout to sample; return its dropout sites.
 
     A model with ``nn.Dropout`` modules of ``p > 0`` keeps them (``p`` is not used). A model
     without gets one :class:`HeadDropout` with probability ``p`` on the input
-    of ``model.classifier_layer``, installed once per model object (the
+    of its classifier (``classifier``, else ``model.classifier_layer``), installed once per model object (the
     ClientApp keeps its model across rounds; a later call only updates ``p``).
 
     Raises
@@ -137,9 +137,12 @@ def ensure_mc_dropout(model: nn.Module, p: float) -> list[DropoutSite]:
         own = dropout_sites(model)
         if own:
             return own
-        classifier_name = getattr(model, "classifier_layer", None)
+        classifier_name = classifier or getattr(model, "classifier_layer", None)
         if not classifier_name:
-            raise ValueError(f"ufl: {type(model).__name__} has no nn.Dropout and no classifier_layer to put one before")
+            raise ValueError(
+                f"ufl: {type(model).__name__} has no nn.Dropout and no classifier_layer to put one before; accepted: "
+                "a model with nn.Dropout, or the name of its last layer (classifier)"
+            )
         head = HeadDropout(p)
         head.key = classifier_name
         model.get_submodule(classifier_name).register_forward_pre_hook(head)
@@ -380,6 +383,27 @@ def mc_mean_probabilities(
     torch.Tensor
         ``[n, C]`` float32 probabilities on ``device``.
     """
+    inputs = (
+        transform(images.to(device), train=False, generator=None)
+        for images, _, _ in batches(data, batch_size, shuffle=False)
+    )
+    return mc_mean_probabilities_of(model, inputs, device, passes, seed, cheap=cheap)
+
+
+def mc_mean_probabilities_of(
+    model: nn.Module,
+    inputs: Iterable[torch.Tensor],
+    device: torch.device,
+    passes: int,
+    seed: int,
+    *,
+    cheap: bool = True,
+) -> torch.Tensor:
+    """:func:`mc_mean_probabilities` on batches of model inputs as they are (a user's own pipeline's).
+
+    ``inputs`` are the batches in order, ready for ``model`` (on ``device``,
+    transformed); each sample's masks depend on ``seed`` and its position.
+    """
     if passes < 1:
         raise ValueError(f"ufl.mc-passes = {passes!r}: need at least one pass")
     sites = dropout_sites(model)
@@ -391,8 +415,7 @@ def mc_mean_probabilities(
     plan: _CheapPlan | None = None
     chunks: list[torch.Tensor] = []
     with _fork_rng(device):
-        for index, (images, _, _) in enumerate(batches(data, batch_size, shuffle=False)):
-            x = transform(images.to(device), train=False, generator=None)
+        for index, x in enumerate(inputs):
             if cheap and index == 0 and passes > 1:
                 plan = _cheap_plan(model, sites, x[:PLAN_CHECK_SAMPLES])
                 if plan is None:

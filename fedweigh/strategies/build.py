@@ -1,18 +1,21 @@
 """A run's strategy, built from its settings.
 
 :func:`build_strategy` turns a :class:`~fedweigh.methods.RunPlan` into a
-:class:`~fedweigh.strategies.base.WeightedFedAvg`: the rule from
-:data:`~fedweigh.rules.registry.RULES`, the server update from
+:class:`~fedweigh.strategies.base.WeightedFedAvg` through the library's
+classes (:mod:`fedweigh.strategies.library`: the method's class, or
+:class:`~fedweigh.strategies.library.MethodStrategy` for the others), which
+build the rule and the client steps' schedules as they do for a library
+user; the app adds the server update from
 :data:`~fedweigh.strategies.registry.UPDATES`, the train instruction (the
-:class:`~fedweigh.protocol.TrainRecipe`, the client steps and their options)
-and the learning-rate schedule.
+:class:`~fedweigh.protocol.TrainRecipe`, the client steps and their options),
+the learning-rate schedule, asynchrony and fault injection.
 
 Example
 -------
 >>> from fedweigh.settings import validate
 >>> strategy = build_strategy(validate({"strategy": "fedprox"}))
 >>> type(strategy).__name__, strategy.rule.name, strategy.recipe["proximal-mu"]
-('WeightedFedAvg', 'sample-count', 0.01)
+('FedProx', 'sample-count', 0.01)
 """
 
 from __future__ import annotations
@@ -20,13 +23,13 @@ from __future__ import annotations
 from fedweigh.faults import FaultPlan
 from fedweigh.methods import RunPlan, plan_run
 from fedweigh.protocol import CLIENT_STEPS, STEPS, ConfigValue, TrainRecipe, table_entries
-from fedweigh.rules.registry import RULES
 from fedweigh.settings import Settings
 from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.deadline import Deadline
+from fedweigh.strategies.library import STRATEGY_CLASSES, MethodStrategy
 from fedweigh.strategies.registry import UPDATES
 from fedweigh.strategies.sampling import NodeDirectory
-from fedweigh.strategies.schedules import STEP_SCHEDULES, LearningRateDecay
+from fedweigh.strategies.schedules import LearningRateDecay
 
 
 def train_instruction(settings: Settings, plan: RunPlan) -> dict[str, ConfigValue]:
@@ -64,30 +67,20 @@ def build_strategy(
         if settings.round_deadline > 0
         else None
     )
-    strategy = WeightedFedAvg(
-        RULES[plan.rule].build(settings),
-        train_instruction(settings, plan),
+    return STRATEGY_CLASSES.get(settings.strategy, MethodStrategy).from_settings(
+        settings,
+        plan=plan,
+        recipe=train_instruction(settings, plan),
+        schedules=[LearningRateDecay(settings.learning_rate, settings.lr_decay)],
+        directory=directory,
         update=UPDATES[plan.update].build(settings, server_data),
-        schedules=[
-            LearningRateDecay(settings.learning_rate, settings.lr_decay),
-            *(STEP_SCHEDULES[name](settings) for name in plan.step_names if name in STEP_SCHEDULES),
-        ],
-        max_staleness=settings.max_staleness,
         delay_std=settings.delay_std,
         deadline=deadline,
         server_data=server_data,
-        seed=settings.seed,
         client_sampling=settings.client_sampling,
         round_offset=round_offset,
         frozen_digest=frozen_digest,
         update_norm_bound=settings.update_norm_bound,
         faults=FaultPlan.from_settings(settings),
-        fraction_train=settings.fraction_train,
-        min_train_nodes=settings.min_train_nodes,
-        min_available_nodes=settings.min_train_nodes,
-        fraction_evaluate=settings.fraction_evaluate,
         min_evaluate_nodes=1 if settings.fraction_evaluate > 0 else 0,
     )
-    if directory is not None:
-        strategy.directory = directory
-    return strategy

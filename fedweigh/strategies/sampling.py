@@ -86,10 +86,15 @@ class NodeDirectory:
     SuperNode started with ``--node-config "partition-id=3 num-partitions=10"``
     does too. A node that has none (a real site with its own data folder) is
     placed after all known partitions, in the order of its node id.
+
+    With ``ask = False`` no node is asked anything (any Flower ClientApp, which
+    answers no ``query``): each node is known by its node id, which then
+    stands for its partition in sampling, delays and the round records.
     """
 
-    def __init__(self, query_timeout: float = 600.0) -> None:
+    def __init__(self, query_timeout: float = 600.0, ask: bool = True) -> None:
         self.query_timeout = query_timeout
+        self.ask = ask
         self.partition_of: dict[int, int] = {}
         self.num_partitions: int | None = None
         self.connected: list[int] = []  # the nodes connected at the last refresh
@@ -137,6 +142,9 @@ class NodeDirectory:
             time.sleep(0.2)
 
     def _learn(self, grid: Grid, node_ids: list[int]) -> None:
+        if not self.ask:
+            self.partition_of.update({node: node for node in node_ids})
+            return
         started = time.monotonic()
         if (simulated := simulated_partitions(grid, node_ids)) is not None:
             # A simulation: the engine in this process registered the nodes and says what each would answer.
@@ -167,7 +175,7 @@ class NodeDirectory:
     def label(self, node_id: int) -> str:
         """``node 7 (partition 3)``, or ``node 7`` when its partition is not known."""
         partition = self.partition_of.get(node_id, -1)
-        return f"node {node_id} (partition {partition})" if partition >= 0 else f"node {node_id}"
+        return f"node {node_id} (partition {partition})" if self.ask and partition >= 0 else f"node {node_id}"
 
     def sort_key(self, node_id: int) -> tuple[int, int]:
         """Known partitions first, in partition order; then unknown nodes by id."""

@@ -1,0 +1,1 @@
+"""quickstart-fedweigh: Flower's PyTorch quickstart with the fedweigh methods."""
