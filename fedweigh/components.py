@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from fedweigh.allocator import keep_freed_memory
+from fedweigh.data.description import DatasetInfo
 from fedweigh.data.federated import DataSpec, dataset_info, feature_normalization, load_test_split
 from fedweigh.data.server import ServerData, hold_out, load_other_dataset
-from fedweigh.data.sources import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
 from fedweigh.models import ModelInput, build_model, model_input

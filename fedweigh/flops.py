@@ -49,7 +49,7 @@ round's (see the FedNolowe spec, section 5).
 
 Example
 -------
->>> from fedweigh.data.sources import DatasetInfo
+>>> from fedweigh.data.description import DatasetInfo
 >>> mnist = DatasetInfo(10, 1, 28, (0.1307,), (0.3081,), "none", "image", "label")
 >>> cost = round_flops("lenet5", mnist, num_clients=5, samples_per_client=1200,
 ...                    local_epochs=2, batch_size=32, strategy="fednolowe")
@@ -75,7 +75,7 @@ from fedweigh.models import build_model
 from fedweigh.strategies.fedma import is_matched
 
 if TYPE_CHECKING:
-    from fedweigh.data.sources import DatasetInfo
+    from fedweigh.data.description import DatasetInfo
 
 PROXIMAL_FLOPS_PER_PARAMETER = 6
 """FedProx's extra element-wise FLOPs per trainable parameter and local step (see the module docstring)."""

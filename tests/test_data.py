@@ -19,6 +19,7 @@ import pytest
 import torch
 from PIL import Image
 
+from fedweigh.data.description import DatasetInfo
 from fedweigh.data.federated import (
     DataSpec,
     clear_caches,
@@ -27,16 +28,10 @@ from fedweigh.data.federated import (
     load_test_split,
     partition_sizes,
 )
+from fedweigh.data.files import detect_image_column, detect_label_column
 from fedweigh.data.loader import batches
 from fedweigh.data.partitioning import build_partitioner, partition_row_counts
-from fedweigh.data.sources import (
-    DatasetInfo,
-    detect_image_column,
-    detect_label_column,
-    load_digits,
-    resolve_source,
-    validate_dataset_setting,
-)
+from fedweigh.data.sources import load_digits, resolve_source, validate_dataset_setting
 from fedweigh.data.tensors import ImageTensors, to_image_tensors
 from fedweigh.data.transforms import BatchTransform, normalize, random_crop_flip
 from fedweigh.settings import PARTITIONERS

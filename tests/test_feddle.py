@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from fedweigh.data.description import DatasetInfo
 from fedweigh.data.server import ServerData, hold_out, load_other_dataset, match_shape
-from fedweigh.data.sources import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
 from fedweigh.strategies.atlas import (

@@ -16,8 +16,8 @@ from torch import nn
 
 from fedweigh.arrays import decode
 from fedweigh.client.training import train_locally
+from fedweigh.data.description import DatasetInfo
 from fedweigh.data.loader import batches
-from fedweigh.data.sources import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
 from fedweigh.flops import (

@@ -18,7 +18,7 @@ from torch import nn
 from fedweigh.client.oui import oui, probe_indices
 from fedweigh.client.registry import CLIENT_STEPS, build_steps
 from fedweigh.client.steps import StepContext
-from fedweigh.data.sources import DatasetInfo
+from fedweigh.data.description import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
 from fedweigh.models import build_model

@@ -28,7 +28,7 @@ from fedweigh.client.flood import (
 )
 from fedweigh.client.steps import StepContext
 from fedweigh.client.training import train_locally
-from fedweigh.data.sources import DatasetInfo
+from fedweigh.data.description import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
 from fedweigh.preflight import parse_settings

@@ -99,3 +99,18 @@ def test_shaping_differences_leave_out_what_a_resumed_run_may_change():
     current = {"seed": 7, "model-hidden": "32", "num-server-rounds": 9, "tracking": "mlflow", "new": 2}
     assert shaping_differences(recorded, current) == [("model-hidden", "", "32")]
     assert shaping_differences({"x": (1.0, 2.0), "y": float("inf")}, {"x": [1.0, 2.0], "y": None}) == []
+
+
+def test_the_app_config_and_the_settings_model_hold_every_default_once_and_the_same():
+    """pyproject.toml's [tool.flwr.app.config] (what `flwr run` accepts) and the settings model (what is checked)
+    name the same settings with the same defaults, of the same types: neither can drift from the other."""
+    from conftest import REPO
+
+    from fedweigh.launch.runconfig import load_app_config
+    from fedweigh.settings import Settings, flatten
+
+    app, model = load_app_config(REPO), flatten(Settings().model_dump(by_alias=True))
+    assert sorted(set(app) - set(model)) == [] and sorted(set(model) - set(app)) == []
+    assert {key: (value, type(value)) for key, value in app.items()} == {
+        key: (model[key], type(model[key])) for key in app
+    }

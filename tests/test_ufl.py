@@ -28,7 +28,7 @@ from fedweigh.client.registry import CLIENT_STEPS
 from fedweigh.client.steps import StepContext
 from fedweigh.client.training import train_locally, weighted_cross_entropy
 from fedweigh.client.ufl import UncertaintyWeighting, loss_weights, sample_uncertainty, select_uncertain, selection_size
-from fedweigh.data.sources import DatasetInfo
+from fedweigh.data.description import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
 from fedweigh.models import build_model

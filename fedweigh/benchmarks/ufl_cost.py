@@ -18,7 +18,7 @@ import torch
 from fedweigh.client.steps import StepContext
 from fedweigh.client.training import train_locally
 from fedweigh.client.ufl import UFLStep
-from fedweigh.data.sources import DatasetInfo
+from fedweigh.data.description import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
 from fedweigh.models import build_model, on_device

@@ -2,7 +2,9 @@
 
 One concept per module:
 
-* :mod:`~fedweigh.data.sources`: the ``dataset`` setting, resolved and described;
+* :mod:`~fedweigh.data.sources`: the ``dataset`` setting, resolved and loaded;
+* :mod:`~fedweigh.data.files`: a local folder's split files, read and checked;
+* :mod:`~fedweigh.data.description`: what a dataset is (classes, channels, size, statistics);
 * :mod:`~fedweigh.data.partitioning`: the ``partitioner`` setting;
 * :mod:`~fedweigh.data.tensors`: images decoded once into ``uint8`` tensors;
 * :mod:`~fedweigh.data.transforms`: batch-level augmentation and normalisation;

@@ -44,17 +44,14 @@ import datasets
 import numpy as np
 import torch
 
+from fedweigh.data.description import DatasetInfo, describe, feature_stats, pixel_moments
+from fedweigh.data.files import split_columns
 from fedweigh.data.partition_edits import PartitionEdits, edit_partitions
 from fedweigh.data.partitioning import PARTITIONERS, build_partitioner, partition_row_counts
 from fedweigh.data.sources import (
-    DatasetInfo,
-    describe,
-    feature_stats,
     load_digits,
     load_train_split,
-    pixel_moments,
     resolve_source,
-    split_columns,
     split_location,
     validate_dataset_setting,
 )
@@ -179,7 +176,7 @@ def dataset_info(dataset: str) -> DatasetInfo:
     """Classes, channels, size, normalisation and columns of a dataset (cached).
 
     The first call for an unknown dataset computes its normalisation from its
-    train split (see :func:`fedweigh.data.sources.describe`).
+    train split (see :func:`fedweigh.data.description.describe`).
 
     Examples
     --------
@@ -197,7 +194,7 @@ def _dataset_info(dataset: str) -> DatasetInfo:
 def feature_normalization(dataset: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and std of every pixel of a dataset's train split, ``[C, H, W]`` float32 (``normalization = 'feature'``).
 
-    Fitted on the whole train split (:func:`fedweigh.data.sources.feature_stats`),
+    Fitted on the whole train split (:func:`fedweigh.data.description.feature_stats`),
     as the UFL spec's Target B standardises the digits; cached.
 
     >>> mean, std = feature_normalization("digits")
@@ -240,7 +237,7 @@ def _federation(spec: DataSpec) -> _Federation:
     from flwr_datasets import FederatedDataset  # lazily, like the partitioners (see build_partitioner)
 
     if source.kind == "local":
-        split_columns(source)  # a file that cannot be read: named, before the datasets library fails on it
+        split_columns(source.split_files())  # a bad file named before the datasets library fails on it
     federated = FederatedDataset(
         **source.loader_arguments(),
         partitioners={"train": partitioner},

@@ -38,13 +38,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedweigh.data.sources import (
-    DatasetInfo,
-    EmptySplitError,
-    image_and_label_columns,
-    load_train_split,
-    resolve_source,
-)
+from fedweigh.data.description import DatasetInfo
+from fedweigh.data.files import EmptySplitError, image_and_label_columns
+from fedweigh.data.sources import load_train_split, resolve_source
 from fedweigh.data.tensors import ImageTensors, decode_images, decode_labels, match_channels
 from fedweigh.data.transforms import BatchTransform
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from fedweigh.data.sources import DatasetInfo
+from fedweigh.data.description import DatasetInfo
 
 
 def to_unit_float(images: torch.Tensor) -> torch.Tensor:
@@ -134,7 +134,7 @@ class BatchTransform:
     Examples
     --------
     >>> import torch
-    >>> from fedweigh.data.sources import DatasetInfo
+    >>> from fedweigh.data.description import DatasetInfo
     >>> info = DatasetInfo(10, 3, 32, (0.5,) * 3, (0.25,) * 3, "crop-flip", "img", "label")
     >>> transform = BatchTransform(info, augment=True)
     >>> transform(torch.zeros(8, 3, 32, 32, dtype=torch.uint8), train=True).shape
