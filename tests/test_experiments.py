@@ -25,10 +25,12 @@ from fedweigh.experiments.grid import (
     record_segment,
     settings_differences,
 )
+from fedweigh.experiments.paired import mean_std
 from fedweigh.experiments.plots import draw_all, weight_matrix
-from fedweigh.experiments.report import SamplingMismatchError, mean_std, write_report
+from fedweigh.experiments.report import write_report
 from fedweigh.experiments.runner import run_experiment
 from fedweigh.experiments.runs import accuracy_auc, collect_results, run_scores
+from fedweigh.experiments.sampling import SamplingMismatchError
 from fedweigh.experiments.spec import ExperimentError, load_experiment, parse_reported
 from fedweigh.launch.progress import RunsProgress, parse_round_line
 from fedweigh.launch.runconfig import load_app_config

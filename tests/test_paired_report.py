@@ -16,7 +16,8 @@ from test_experiments import DEFAULTS, experiment_table, failure, planned, write
 from fedweigh.cli import main
 from fedweigh.client.ufl import model_uncertainty, u_tail
 from fedweigh.data.tensors import ImageTensors
-from fedweigh.experiments.report import SamplingMismatchError, paired_difference, write_report
+from fedweigh.experiments.paired import paired_difference
+from fedweigh.experiments.report import write_report
 from fedweigh.experiments.runs import (
     CLIENTS_UNRECORDED,
     NO_CLIENTS,
@@ -25,6 +26,7 @@ from fedweigh.experiments.runs import (
     final_u_tail,
     recorded_clients,
 )
+from fedweigh.experiments.sampling import SamplingMismatchError
 from fedweigh.experiments.spec import ExperimentError, load_experiment
 from fedweigh.models.mlp import DigitsMLP
 from fedweigh.preflight import check_run

@@ -175,8 +175,9 @@ def add_experiment_parser(subparsers: argparse._SubParsersAction) -> None:
 def run_command(args: argparse.Namespace) -> int:
     """Handler of ``fedweigh experiment ...``; returns the exit code."""
     from fedweigh.experiments.grid import Action, tracking_commands
-    from fedweigh.experiments.report import SamplingMismatchError, write_report
+    from fedweigh.experiments.report import write_report
     from fedweigh.experiments.runner import data_problems, plan_experiment, run_experiment
+    from fedweigh.experiments.sampling import SamplingMismatchError
     from fedweigh.experiments.spec import ExperimentError, load_experiment
     from fedweigh.launch.progress import format_duration
 

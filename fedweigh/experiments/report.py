@@ -5,25 +5,22 @@ Per run: the final, best, mean-over-rounds and AUC accuracy
 paper's reported numbers beside them when the experiment file gives them.
 
 With ``reference-arm`` set, ``summary.md`` also compares every arm with it
-seed by seed (:func:`paired_difference`): the mean of ``arm - reference`` over
+seed by seed (:func:`~fedweigh.experiments.paired.paired_difference`): the mean of ``arm - reference`` over
 the seeds both finished, its standard error and the win count. The pairs in
 ``paired-comparisons`` (the comparison a paper draws between two other arms,
 say FedNolowe against FedProx) get the same table.
 
 The report also checks what makes a comparison paired: for each seed, every
 arm (with the same sampling settings) must have trained the same clients in
-every round. If that does not hold, ``summary.md`` says so at the top and
-:func:`write_report` raises :class:`SamplingMismatchError` after writing.
+every round (:mod:`fedweigh.experiments.sampling`). If that does not hold,
+``summary.md`` says so at the top and :func:`write_report` raises
+:class:`~fedweigh.experiments.sampling.SamplingMismatchError` after writing.
 
 Runs whose folders are gone can still be counted: ``fedweigh experiment
 report --include-results <earlier results.csv>`` takes each planned run that
 has no finished folder from that file (:func:`read_earlier_results`), and
 ``summary.md`` lists which ones it took.
 
-Example
--------
->>> mean_std([0.2, 0.4])
-(0.30000000000000004, 0.14142135623730953)
 """
 
 from __future__ import annotations
@@ -37,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from fedweigh.experiments.grid import PlannedRun
+from fedweigh.experiments.paired import mean_std, paired_difference
 from fedweigh.experiments.runs import (
     COLLAPSE_ROUNDS,
     COLLAPSE_SHARE,
@@ -47,6 +45,7 @@ from fedweigh.experiments.runs import (
     RunResult,
     collect_results,
 )
+from fedweigh.experiments.sampling import EARLIER_MARK, SamplingCheck, SamplingMismatchError, check_sampling
 from fedweigh.experiments.spec import SCORE_NAMES, Experiment, ExperimentError, Reported
 from fedweigh.protocol import TRAIN_LOSS
 from fedweigh.results import FINAL_U_ABOVE_1, FINAL_U_P95, TOP5_ACCURACY, TRAIN_LOSS_UNWEIGHTED, WEIGHTED_F1
@@ -54,12 +53,6 @@ from fedweigh.results import FINAL_U_ABOVE_1, FINAL_U_P95, TOP5_ACCURACY, TRAIN_
 __all__ = [
     "CSV_COLUMNS",
     "ArmSummary",
-    "PairedDifference",
-    "SamplingCheck",
-    "SamplingMismatchError",
-    "check_sampling",
-    "mean_std",
-    "paired_difference",
     "read_earlier_results",
     "render_summary",
     "summarize_arms",
@@ -67,11 +60,19 @@ __all__ = [
     "write_results_csv",
 ]
 
+
 RESULTS_CSV = "results.csv"
+
+
 SUMMARY_MD = "summary.md"
 
+
 _IDENTITY_COLUMNS = ("experiment", "arm", "strategy", "seed", "run_name", "status", "rounds")
+
+
 _ACCURACY_COLUMNS = ("final_accuracy", "best_accuracy", "mean_accuracy", "auc_accuracy", "last10_accuracy")
+
+
 CSV_COLUMNS = (
     *_IDENTITY_COLUMNS,
     *_ACCURACY_COLUMNS,
@@ -84,73 +85,6 @@ CSV_COLUMNS = (
     "server_seconds",
     "run_dir",
 )
-
-
-_EARLIER_MARK = "earlier report"
-"""How the client-sampling check marks a run read from an earlier ``results.csv``."""
-
-
-class SamplingMismatchError(RuntimeError):
-    """Arms of one seed trained different clients: the comparison is not paired."""
-
-
-def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
-    """Mean and sample standard deviation (``ddof=1``; None for one value)."""
-    array = np.asarray(values, dtype=np.float64)
-    if array.size == 0:
-        raise ValueError("mean_std needs at least one value")
-    return float(array.mean()), (float(array.std(ddof=1)) if array.size > 1 else None)
-
-
-@dataclass(frozen=True)
-class PairedDifference:
-    """``arm - reference`` over the seeds both have: mean, standard error, wins, ties, losses.
-
-    Attributes
-    ----------
-    mean : float
-        Mean of the per-seed differences.
-    sem : float or None
-        Their sample std (ddof = 1) divided by ``sqrt(pairs)``; None for one pair.
-    wins, ties, losses : int
-        Seeds where the arm's value is strictly greater than, equal to, or
-        smaller than the reference's.
-    """
-
-    mean: float
-    sem: float | None
-    wins: int
-    ties: int
-    losses: int
-
-    @property
-    def pairs(self) -> int:
-        return self.wins + self.ties + self.losses
-
-    def __str__(self) -> str:
-        sem = "" if self.sem is None else f" ± {self.sem:.4f}"
-        return f"{round(self.mean, 4) + 0.0:+.4f}{sem}"  # + 0.0: a mean that rounds to zero reads +0.0000, not -0.0000
-
-
-def paired_difference(values: Mapping[int, float], reference: Mapping[int, float]) -> PairedDifference | None:
-    """Compare an arm's per-seed values with the reference arm's on the same seeds; None without a common seed.
-
-    >>> d = paired_difference({1: 0.80, 2: 0.70, 3: 0.60, 4: 0.9}, {1: 0.75, 2: 0.70, 3: 0.65})
-    >>> round(d.mean, 6), round(d.sem, 6), (d.wins, d.ties, d.losses)
-    (0.0, 0.028868, (1, 1, 1))
-    """
-    seeds = sorted(set(values) & set(reference))
-    if not seeds:
-        return None
-    differences = np.array([values[seed] - reference[seed] for seed in seeds], dtype=np.float64)
-    sem = float(differences.std(ddof=1) / np.sqrt(differences.size)) if differences.size > 1 else None
-    return PairedDifference(
-        mean=float(differences.mean()),
-        sem=sem,
-        wins=int((differences > 0).sum()),
-        ties=int((differences == 0).sum()),
-        losses=int((differences < 0).sum()),
-    )
 
 
 def write_results_csv(results: Sequence[RunResult], path: Path, experiment: str) -> Path:
@@ -226,102 +160,6 @@ def read_earlier_results(
 def _merge_earlier(results: Sequence[RunResult], earlier: Mapping[tuple[str, int], RunResult]) -> list[RunResult]:
     """Each run as its folder has it, or as an earlier report recorded it when its folder has no finished run."""
     return [result if result.finished else earlier.get((result.run.arm, result.run.seed), result) for result in results]
-
-
-@dataclass(frozen=True)
-class SamplingCheck:
-    """Whether every arm of a seed trained the same clients, round by round.
-
-    ``ok`` is False when two runs of a seed trained different clients;
-    ``compared`` says whether any two runs could be compared at all, and
-    ``unrecorded`` names the runs left out because an earlier report did not
-    record their clients.
-    """
-
-    ok: bool
-    lines: tuple[str, ...]
-    compared: bool
-    unrecorded: tuple[str, ...]
-
-    @property
-    def verdict(self) -> str:
-        """The summary's one-line answer: it never says "identical" about runs it did not compare."""
-        if not self.ok:
-            return "NOT identical across arms"
-        if not self.compared:
-            return "not checked"
-        return "identical across the arms compared" if self.unrecorded else "identical across arms"
-
-
-def check_sampling(results: Sequence[RunResult]) -> SamplingCheck:
-    """Compare which clients every arm of each seed trained, round by round.
-
-    Arms whose sampling settings (:data:`~fedweigh.experiments.runs.SAMPLING_SETTINGS`)
-    differ are compared only within their own group. Runs with their rounds
-    at hand are compared round by round (a difference names its round); a
-    run read from an earlier ``results.csv`` by the fingerprint that file
-    recorded (:class:`~fedweigh.experiments.runs.ClientSequence`). Runs that
-    are not finished, runs that sample no client at all (Center trains on the
-    server's data alone) and rows of files written before the fingerprint
-    existed are left out, and named.
-    """
-    ok, compared, lines = True, False, []
-    for seed in sorted({r.run.seed for r in results if r.finished}):
-        groups: dict[str, list[RunResult]] = {}
-        for result in results:
-            if result.run.seed == seed and result.finished and (sequence := result.clients()) is not None:
-                groups.setdefault(sequence.sampling, []).append(result)
-        for members in groups.values():
-            if len(members) < 2:
-                continue
-            compared = True
-            reference = next((r for r in members if r.rows), members[0])  # a difference can then name its round
-            differences = [
-                difference
-                for other in members
-                if other is not reference and (difference := _sampling_difference(reference, other))
-            ]
-            if differences:
-                ok = False
-                lines += [f"seed {seed}, {difference}" for difference in differences]
-            else:
-                rounds = min(sequence.rounds for r in members if (sequence := r.clients()) is not None)
-                arms = ", ".join(r.run.arm + (f" ({_EARLIER_MARK})" if r.source is not None else "") for r in members)
-                lines.append(f"seed {seed}: the same clients in all {rounds} rounds for {arms}")
-    if not lines:
-        lines.append("no seed has two finished runs whose clients are known: nothing to compare")
-    unrecorded = tuple(r.run.name for r in results if r.finished and r.clients_unrecorded)
-    if unrecorded:
-        lines.append(
-            f"not checked, read from an earlier report that did not record their clients: {', '.join(unrecorded)}"
-        )
-    return SamplingCheck(ok, tuple(lines), compared, unrecorded)
-
-
-def _sampling_difference(reference: RunResult, other: RunResult) -> str | None:
-    """Where two runs of one seed and sampling group trained different clients; None where they did not."""
-    if reference.rows and other.rows:
-        for index in range(min(len(reference.rows), len(other.rows))):
-            left, right = reference.rows[index].get("sampled"), other.rows[index].get("sampled")
-            if left != right:
-                return f"round {index + 1}: {reference.run.arm} sampled {left}, {other.run.arm} sampled {right}"
-        return None
-    theirs, mine = reference.clients(), other.clients()
-    if theirs is None or mine is None:  # check_sampling groups only runs that have them
-        return None
-    rounds = min(theirs.rounds, mine.rounds)
-    left, right = reference.clients(rounds), other.clients(rounds)
-    if left is None or right is None:
-        return (
-            f"{reference.run.arm} and {other.run.arm}: clients recorded over {theirs.rounds} and {mine.rounds} "
-            "rounds; an earlier report's fingerprint covers all its rounds only, so they cannot be compared"
-        )
-    if left.digest != right.digest:
-        return (
-            f"{reference.run.arm} and {other.run.arm} (from {other.source or reference.source}) trained "
-            f"different clients within the first {rounds} rounds (fingerprints {left.digest}, {right.digest})"
-        )
-    return None
 
 
 @dataclass(frozen=True)
@@ -567,7 +405,7 @@ def render_summary(
         lines.append(
             "Read from earlier reports (their rounds are not here: they are in the tables and the paired "
             "differences, not in the plots; in the client-sampling check above where their file recorded the "
-            f'clients\' fingerprint, marked "{_EARLIER_MARK}" there):'
+            f'clients\' fingerprint, marked "{EARLIER_MARK}" there):'
         )
         lines += [f"- {r.run.name}: {r.source}" for r in recorded]
         lines.append("")
