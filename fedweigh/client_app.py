@@ -32,7 +32,8 @@ device would: a way to see a round close at its ``round-deadline``.
 In a run with ``[faults]`` (fault injection, :mod:`fedweigh.faults`) a train
 instruction may ask the client to misbehave: raise, stall, or return a
 corrupted model or corrupted signals, so that the server's checks can be seen
-leaving it out.
+leaving it out. That, and ``train-delay``, are Flower mods around the
+handlers (:func:`inject_faults`, :func:`slow_device`), not part of them.
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ import zlib
 from types import SimpleNamespace
 
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import ClientAppCallable
 from torch import nn
 
 from fedweigh.arrays import encode, to_tensors
@@ -82,7 +84,6 @@ from fedweigh.protocol import (
 )
 from fedweigh.settings import Settings
 
-app = ClientApp()
 logger = logging.getLogger("flwr.fedweigh")
 
 OPTIMIZER_STATE = "optimizer-state"
@@ -193,6 +194,46 @@ def warm_data(context: Context) -> threading.Thread | None:
     return thread
 
 
+def inject_faults(message: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """A mod: the fault a train instruction asks of this client, committed (:mod:`fedweigh.faults`).
+
+    Only in a run whose own run config injects faults: ``exception`` raises
+    before the handler runs; the array and signal faults corrupt its reply;
+    ``stall`` holds the reply past the round's timeout.
+    """
+    if message.metadata.message_type != MessageType.TRAIN:
+        return call_next(message, context)
+    settings = settings_from(context.run_config)
+    config = message.content[CONFIG]
+    fault = fault_to_commit(settings, config, FAULT)  # "" unless the run injects faults
+    if not fault:
+        return call_next(message, context)
+    partition_id, server_round = int(context.node_config.get(PARTITION_ID, -1)), int(config[SERVER_ROUND])
+    if fault == "exception":
+        raise InjectedFault(f"fault injection: partition {partition_id} raises in round {server_round}")
+    reply = call_next(message, context)
+    logger.info("fault injection: partition %d commits '%s' in round %d", partition_id, fault, server_round)
+    arrays = corrupt_arrays(fault, to_tensors(reply.content[ARRAYS]), settings.faults.scale)
+    steps = list(config.get(CLIENT_STEPS, []))
+    metrics = corrupt_metrics(fault, dict(reply.content[METRICS]), steps, server_round, settings.max_staleness)
+    corrupted = Message(RecordDict({ARRAYS: encode(arrays), METRICS: MetricRecord(metrics)}), reply_to=message)
+    if fault == "stall":  # past the round's timeout: the server has closed the round without this reply
+        time.sleep(settings.round_timeout + 1.0)
+    return corrupted
+
+
+def slow_device(message: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """A mod: a node with ``train-delay`` in its node config replies that many seconds after training (testing)."""
+    reply = call_next(message, context)
+    delay = float(context.node_config.get(TRAIN_DELAY, 0))
+    if message.metadata.message_type == MessageType.TRAIN and delay > 0:
+        time.sleep(delay)
+    return reply
+
+
+app = ClientApp(mods=[inject_faults, slow_device])
+
+
 @app.query()
 def describe(message: Message, context: Context) -> Message:
     """Reply with this node's partition id (-1 when it has none); start loading its data."""
@@ -213,9 +254,6 @@ def train(message: Message, context: Context) -> Message:
     recipe = TrainRecipe.from_config(config)
     server_round = int(config[SERVER_ROUND])
     data, partition_id, seed_key = local_data(settings, context)
-    fault = fault_to_commit(settings, config, FAULT)  # fault injection: "" unless the run injects faults
-    if fault == "exception":
-        raise InjectedFault(f"fault injection: partition {partition_id} raises in round {server_round}")
     seed = client_seed(settings.seed, server_round, seed_key)
     seed_torch(seed, device)  # dropout draws from the global generator
     generator = torch.Generator().manual_seed(seed)
@@ -253,8 +291,6 @@ def train(message: Message, context: Context) -> Message:
         context.state[OPTIMIZER_STATE] = encode(stats.optimizer_state)
     for step in steps:
         signals.update(step.after_training(step_context))
-    if float(context.node_config.get(TRAIN_DELAY, 0)) > 0:  # a slow device, for testing round deadlines
-        time.sleep(float(context.node_config[TRAIN_DELAY]))
 
     metrics = {
         NUM_EXAMPLES: stats.num_examples,
@@ -264,18 +300,9 @@ def train(message: Message, context: Context) -> Message:
         TRAIN_SECONDS: stats.seconds,
         **{key: float(value) for key, value in signals.items()},
     }
-    arrays = exchanged_state(model)
-    if fault:
-        logger.info("fault injection: partition %d commits '%s' in round %d", partition_id, fault, server_round)
-        arrays = corrupt_arrays(fault, arrays, settings.faults.scale)
-        steps = list(config.get(CLIENT_STEPS, []))
-        metrics = corrupt_metrics(fault, metrics, steps, server_round, settings.max_staleness)
-    arrays_record = encode(arrays)
+    arrays_record = encode(exchanged_state(model))
     metrics[CLIENT_SECONDS] = time.perf_counter() - started
-    reply = Message(RecordDict({ARRAYS: arrays_record, METRICS: MetricRecord(metrics)}), reply_to=message)
-    if fault == "stall":  # past the round's timeout: the server has closed the round without this reply
-        time.sleep(settings.round_timeout + 1.0)
-    return reply
+    return Message(RecordDict({ARRAYS: arrays_record, METRICS: MetricRecord(metrics)}), reply_to=message)
 
 
 @app.evaluate()

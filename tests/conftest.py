@@ -29,6 +29,13 @@ torch.set_num_threads(1)
 TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
 
 
+@pytest.fixture(autouse=True)
+def task_identity():
+    """Every test starts with this process's task identity set (messages take their sender from it): a test
+    that runs a ClientApp or the engine may leave it cleared or changed."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+
+
 def reply(node_id: int, arrays: Mapping[str, np.ndarray] | None, metrics: Mapping, error: str | None = None) -> Message:
     """A training reply as the server would receive it from ``node_id``."""
     metadata = Metadata(
@@ -172,6 +179,68 @@ def in_process_runs(tmp_path_factory):
 
 
 GROUPS_LOST = pytest.StashKey[str]()
+
+
+# What each test does, as a marker (`pytest -m unit` runs in about a minute on 2 cores; pyproject.toml names
+# them): a test marked in its module keeps its marker; the others take their module's kind below, or `unit`.
+KINDS = ("unit", "sim", "deploy", "container")
+SIM_MODULES = {
+    # federated runs, in process (loopback) or through Flower, and whole pipelines on real data
+    "test_simulation",
+    "test_end_to_end",
+    "test_determinism",
+    "test_resume",
+    "test_faults",
+    "test_tracking",
+    "test_asynchrony",
+    "test_robust",
+    "test_example",
+    "test_experiments",
+    "test_benchmarks",
+    "test_pretrained",
+    "test_fuzz",
+    "test_server_app",
+    "test_paper_metrics",
+    "test_fedma",
+    "test_flwr_cli",
+    "test_site_data",
+    "test_paired_report",
+    "test_fednolowe_partition",
+    "test_fedoui_repro",
+    "test_partition_edits",
+    "test_client_app",
+    "test_node_departure",
+}
+DEPLOY_MODULES = {"test_deployment", "test_ray_cluster", "test_port_claim"}  # SuperLinks, SuperNodes, Ray as processes
+SIM_DOCTESTS = {"fedweigh.models.vit", "fedweigh.tracking", "fedweigh.models.resnet"}  # download-sized models, MLflow
+
+
+def kind_of(item) -> str:
+    """The marker a collected test runs under (see :data:`KINDS`)."""
+    own = [kind for kind in KINDS if item.get_closest_marker(kind)]
+    if own:
+        return own[0]
+    module = item.nodeid.split("::")[0].removesuffix(".py").replace("/", ".")  # tests.test_x, fedweigh.models.vit
+    if module.rsplit(".", 1)[-1] in SIM_MODULES or module in SIM_DOCTESTS:
+        return "sim"
+    if module.rsplit(".", 1)[-1] in DEPLOY_MODULES:
+        return "deploy"
+    return "unit"
+
+
+class KindMarkers:
+    """Marks every collected test with its kind, before ``-m`` selects (a plugin: its hook runs first)."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, items) -> None:
+        for item in items:
+            kind = kind_of(item)
+            if not item.get_closest_marker(kind):
+                item.add_marker(getattr(pytest.mark, kind))
+
+
+def pytest_configure(config) -> None:
+    config.pluginmanager.register(KindMarkers(), "fedweigh-test-kinds")
 
 
 @pytest.hookimpl(trylast=True)

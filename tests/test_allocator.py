@@ -36,6 +36,7 @@ def probe(mode: str, env: dict[str, str] | None = None) -> dict:
     return json.loads(done.stdout)
 
 
+@pytest.mark.sim
 def test_freed_memory_stays_with_the_process_only_when_kept():
     default, kept = probe("default"), probe("keep")
     assert default["kept_bytes"] < 2**20  # glibc's default: an 8 MiB block is its own mapping, given back
@@ -50,6 +51,7 @@ def test_freed_memory_stays_with_the_process_only_when_kept():
     )
 
 
+@pytest.mark.sim
 def test_a_users_own_malloc_settings_win():
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
     result = probe("keep", env)

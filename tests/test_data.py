@@ -141,12 +141,14 @@ def _partition_rows(kind: str, seed: int) -> list[list[int]]:
     return [list(partitioner.load_partition(pid)["row"]) for pid in range(10)]
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("kind", [kind for kind in PARTITIONERS if kind != "iid"])
 def test_partitioner_is_deterministic_given_the_seed(kind: str) -> None:
     assert _partition_rows(kind, seed=5) == _partition_rows(kind, seed=5)
     assert _partition_rows(kind, seed=5) != _partition_rows(kind, seed=6)
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("kind", KINDS)
 def test_federated_partitions_are_deterministic_given_the_seed(kind: str) -> None:
     first = [load_partition(digits_spec(kind), pid) for pid in (0, 7)]
@@ -169,6 +171,7 @@ def _mean_max_class_share(spec: DataSpec) -> float:
     return float(np.mean(shares))
 
 
+@pytest.mark.sim
 def test_label_skew_grows_as_alpha_falls() -> None:
     skewed = np.mean([_mean_max_class_share(digits_spec(dirichlet_alpha=0.1, seed=s)) for s in (1, 2, 3)])
     mild = np.mean([_mean_max_class_share(digits_spec(dirichlet_alpha=10.0, seed=s)) for s in (1, 2, 3)])
@@ -176,6 +179,7 @@ def test_label_skew_grows_as_alpha_falls() -> None:
     assert mild < 0.3  # close to the 0.1 share of a balanced client
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("classes", [1, 2, 3])
 def test_pathological_partitions_hold_at_most_classes_per_client(classes: int) -> None:
     spec = digits_spec("pathological", classes_per_client=classes)
@@ -205,6 +209,7 @@ def test_partition_id_out_of_range_is_a_clear_error() -> None:
 # --- sources ------------------------------------------------------------------
 
 
+@pytest.mark.sim
 def test_digits_split_and_info() -> None:
     splits = load_digits()
     assert (splits["train"].num_rows, splits["test"].num_rows) == (DIGITS_TRAIN, 360)
@@ -220,6 +225,7 @@ def test_digits_split_and_info() -> None:
     ("name", "column", "shape", "augment"),
     [("mnist", "image", (1, 28, 28), "none"), ("cifar10", "img", (3, 32, 32), "crop-flip")],
 )
+@pytest.mark.sim
 def test_local_parquet_folder(name: str, column: str, shape: tuple[int, int, int], augment: str) -> None:
     folder = local_dataset(name)
     info = dataset_info(folder)
@@ -418,6 +424,7 @@ def test_batch_transform_augments_only_training_batches_of_crop_flip_datasets() 
 # --- partition seed, self-balancing, top-up -------------------------------------------
 
 
+@pytest.mark.sim
 def test_partition_seed_fixes_the_split_whatever_the_run_seed():
     from fedweigh.components import data_spec
     from fedweigh.settings import validate
@@ -430,6 +437,7 @@ def test_partition_seed_fixes_the_split_whatever_the_run_seed():
     assert sizes(seed=42) == sizes(seed=7, **{"partition-seed": 42})
 
 
+@pytest.mark.sim
 def test_self_balancing_stops_filling_clients_past_the_mean():
     spec = digits_spec(dirichlet_alpha=0.1, num_partitions=10)
     balanced = replace(spec, dirichlet_self_balancing=True)
@@ -441,6 +449,7 @@ def test_self_balancing_stops_filling_clients_past_the_mean():
     assert np.std(balanced_sizes) < np.std(plain_sizes)
 
 
+@pytest.mark.sim
 def test_top_up_reaches_the_minimum_where_rejection_sampling_gives_up():
     spec = digits_spec(dirichlet_alpha=0.1, num_partitions=100, min_partition_size=10)
     with pytest.raises(ValueError, match="max number of attempts"):

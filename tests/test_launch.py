@@ -487,6 +487,7 @@ def test_parse_run_status():
 # ---------------------------------------------------------------- process tree (Linux)
 
 
+@pytest.mark.deploy
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 def test_process_tree_terminate_and_orphans(tmp_path: Path):
     import subprocess
@@ -556,6 +557,7 @@ def alive(pids: set[int]) -> set[int]:
     return {pid for pid in pids if pid in table and table[pid][2] != "Z"}
 
 
+@pytest.mark.deploy
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 @pytest.mark.parametrize("release", [False, True], ids=["killed", "released"])
 def test_a_service_ends_with_the_launcher_that_started_it_even_after_sigkill(tmp_path: Path, release):
@@ -674,6 +676,7 @@ def test_a_run_killed_after_writing_all_its_results_is_reported_complete(tmp_pat
     assert "resume-from" not in printed
 
 
+@pytest.mark.sim
 def test_a_resume_with_changed_settings_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
     from loopback import run_in_process
 

@@ -134,6 +134,7 @@ def test_paper_models_have_the_published_parameter_count(name: str, expected: in
     assert _count(_cached_model(name, 10)) == expected
 
 
+@pytest.mark.sim
 def test_resnet18_parameter_count_matches_torchvision() -> None:
     # Replacing the 7x7 stem by a 3x3 one removes (49 - 9) * 3 * 64 weights.
     reference = torchvision.models.resnet18(weights=None, num_classes=10)
@@ -307,6 +308,7 @@ def test_resnet18_is_adapted_to_32x32_inputs() -> None:
     assert seen["probe"].shape == (2, 512, 4, 4)
 
 
+@pytest.mark.sim
 def test_resnet18_accepts_grayscale_and_keeps_torchvision_keys() -> None:
     model = build_model("resnet18", 7, 1, 28)
     assert model.conv1.in_channels == 1

@@ -208,6 +208,7 @@ def folder_copy(folder, tmp_path):
     return Path(shutil.copytree(folder, tmp_path / folder.name))
 
 
+@pytest.mark.sim
 def test_a_folder_that_holds_a_run_is_never_written_by_another(finished_run):
     """``run-name = x`` a second time replaced all five files of outputs/x (metrics.jsonl: 3 rows to 1)."""
     from loopback import run_in_process
@@ -225,6 +226,7 @@ def test_a_folder_that_holds_a_run_is_never_written_by_another(finished_run):
     assert {path.name: path.read_bytes() for path in finished_run.iterdir() if path.is_file()} == before
 
 
+@pytest.mark.sim
 def test_a_resume_may_change_only_what_does_not_shape_the_run(finished_run):
     changes = {"tracking": "tensorboard", "round-timeout": 30.0, "evaluate-every": 2, "device": "cpu"}
     settings = check_run(resumed_config(finished_run, **changes), 4)
@@ -232,6 +234,7 @@ def test_a_resume_may_change_only_what_does_not_shape_the_run(finished_run):
     assert set(changes) | {"num-server-rounds", "output-dir", "run-name", "resume-from"} <= RESUME_MAY_CHANGE
 
 
+@pytest.mark.sim
 def test_a_resume_with_other_settings_names_each_one_before_anything_starts(finished_run):
     """``seed=7 num-server-rounds=4 model-hidden='32' resume-from=outputs/x``: size mismatch in every client, six
     tracebacks, the original config.json overwritten; now one message naming the setting that differs."""
@@ -247,6 +250,7 @@ def test_a_resume_with_other_settings_names_each_one_before_anything_starts(fini
     ]
 
 
+@pytest.mark.sim
 @pytest.mark.parametrize("damage", ["truncated", "state_dict", "all-rounds", "no-config", "other-model"])
 def test_a_checkpoint_that_cannot_be_resumed_is_refused_with_one_line(finished_run, tmp_path, damage):
     """Refused late before (SuperLink and Ray up, a Flower traceback, exit code 700); now by the check itself."""
@@ -279,6 +283,7 @@ def test_a_checkpoint_that_cannot_be_resumed_is_refused_with_one_line(finished_r
     assert message.startswith(expected), message
 
 
+@pytest.mark.sim
 def test_a_resume_on_a_federation_of_another_size_is_refused(finished_run):
     (message,) = problems_of(resumed_config(finished_run), 6)
     assert message == (

@@ -311,6 +311,7 @@ def test_masks_keep_one_minus_p_scaled_and_stack_like_separate_passes():
     ("name", "channels", "size", "options"),
     [("mlp", 1, 8, {}), ("lenet5", 1, 28, {}), ("fashion-cnn", 1, 28, {}), ("vgg9", 3, 32, {})],
 )
+@pytest.mark.sim
 def test_cheap_path_equals_full_passes(name, channels, size, options, caplog):
     model = seeded_model(name, channels, size, **options)
     ensure_mc_dropout(model, 0.5)
@@ -433,6 +434,7 @@ def _train_like_the_client_app(model: nn.Module, data, transform, steps: list[st
     ("name", "channels", "size", "plain_steps"),
     [("lenet5", 1, 28, []), ("mlp", 1, 8, ["ufl-dropout"])],
 )
+@pytest.mark.sim
 def test_alpha_zero_trains_bit_identically_to_a_plain_client(name, channels, size, plain_steps):
     model = seeded_model(name, channels, size)
     data, transform = random_data(40, channels, size), transform_for(channels, size)

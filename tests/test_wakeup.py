@@ -88,6 +88,7 @@ def test_flower_is_the_version_the_hand_off_was_checked_against():
     assert "initial_run_config=initial_run_config" in inspect.getsource(DeprecatedRunInfoStore.register_context)
 
 
+@pytest.mark.sim
 def test_importing_the_app_outside_a_simulation_changes_nothing_in_flower():
     code = (
         "import sys, fedweigh, fedweigh.client_app, fedweigh.server_app; "
