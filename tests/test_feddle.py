@@ -24,7 +24,7 @@ from fedweigh.strategies.atlas import (
     median_norm_ratios,
     merged,
 )
-from fedweigh.strategies.feddle import FedBuffUpdate, FeddleUpdate, ParameterView, SearchOptions
+from fedweigh.strategies.feddle import FallbackStep, FeddleUpdate, ParameterView, SearchOptions
 from fedweigh.strategies.server_training import epochs_in_round
 from fedweigh.strategies.updates import FedAsync, RoundUpdate
 
@@ -208,12 +208,12 @@ def pixel_model(classes=3) -> nn.Module:
     return model
 
 
-def test_fedbuff_is_feddle_without_the_search_and_stale_updates_start_from_their_own_model():
+def test_the_fallback_step_is_feddle_without_the_search_and_stale_updates_start_from_their_own_model():
     model = pixel_model()
     start = named(model)  # the round-3 model the stale client trained
     current = shifted(start, 0.5, seed=1)  # the round-5 global model
     fresh, stale = shifted(current, 0.1, seed=2), shifted(start, 0.1, seed=3)
-    update = FedBuffUpdate(pixel_model())
+    update = FallbackStep(pixel_model())
     new = update(round_update(current, [fresh, stale], [5, 3], start_models={3: start}))
     for name in current:
         expected = current[name] + 0.5 * ((fresh[name] - current[name]) + (stale[name] - start[name]))

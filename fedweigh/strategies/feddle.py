@@ -22,8 +22,13 @@ the whole method on the server. Each round, :class:`FeddleUpdate`:
 
 Batch-norm buffers are not searched: they are the sample-weighted mean of the
 arriving clients' buffers (FedAvg's), unchanged in a round nothing arrives.
-:class:`FedBuffUpdate` is the same step with the search off: the fallback
-itself, ``w + η_g / |B| Σ_{new} sw(τ) Δ``.
+The fallback is FedBuff's step over the updates received since the last
+search, which is the round's arrivals (spec §3.4: ``c'_m = η_g sw(τ_m) /
+|B| / r_m``, τ in rounds, η_g = 1 and sw = 1 by default,
+``feddle.fallback-server-lr`` and ``feddle.fallback-staleness-scaling``), not
+Nguyen et al.'s buffer of K updates (:mod:`fedweigh.strategies.fedbuff`).
+:class:`FallbackStep` is the step with the search off: the fallback itself,
+``w + η_g / |B| Σ_{new} sw(τ) Δ``.
 
 Example
 -------
@@ -231,7 +236,7 @@ class FeddleUpdate(ServerUpdate):
     normalize : bool
         Rescale anchors to the median norm.
     server_lr, staleness_scaling
-        FedBuff's η_g and 1/sqrt(1 + τ) scaling, for the fallback.
+        The fallback's η_g and 1/sqrt(1 + τ) scaling (τ in rounds).
     seed : int
         Seeds the search's batch order, round by round.
     """
@@ -276,15 +281,28 @@ class FeddleUpdate(ServerUpdate):
     @classmethod
     def build(cls, settings: Settings, server_data: object | None = None) -> FeddleUpdate:
         data = server_data if isinstance(server_data, ServerData) else None
+        feddle = settings.feddle
+        options = SearchOptions.from_settings(settings)
+        return cls._from_settings(settings, data, options, feddle.fallback_server_lr, feddle.fallback_staleness_scaling)
+
+    @classmethod
+    def _from_settings(
+        cls,
+        settings: Settings,
+        data: ServerData | None,
+        options: SearchOptions,
+        server_lr: float,
+        staleness_scaling: bool,
+    ) -> FeddleUpdate:
         return cls(
             new_model(settings),
             data,
-            SearchOptions.from_settings(settings),
+            options,
             atlas_size=settings.feddle.atlas_size,
             fifo=settings.feddle.eviction == "fifo",
             normalize=settings.feddle.normalize,
-            server_lr=settings.fedbuff.server_lr,
-            staleness_scaling=settings.fedbuff.staleness_scaling,
+            server_lr=server_lr,
+            staleness_scaling=staleness_scaling,
             seed=settings.seed,
             device=resolve_device(settings.device),
         )
@@ -442,14 +460,23 @@ class FeddleUpdate(ServerUpdate):
             self.head.load_state_dict(state["head"])
 
 
-class FedBuffUpdate(FeddleUpdate):
-    """FedBuff: ``w + η_g / |B| Σ sw(τ) Δ`` over the round's arrivals; Feddle with the search off."""
+class FallbackStep(FeddleUpdate):
+    """Feddle's fallback alone, the search off: ``w + η_g / |B| Σ sw(τ) Δ`` over the round's arrivals, τ in rounds.
+
+    It is spec §3.11's mode "none", and what ``strategy = "fedbuff"`` runs with
+    ``fedbuff.buffer-size = 0`` (with ``fedbuff.server-lr`` and
+    ``fedbuff.staleness-scaling``): the FedBuff of this package before issue
+    51, bit for bit. Nguyen et al.'s buffer of K updates is
+    :class:`fedweigh.strategies.fedbuff.FedBuff`.
+    """
 
     name = "fedbuff"
     server_data = ()
 
     @classmethod
-    def build(cls, settings: Settings, server_data: object | None = None) -> FedBuffUpdate:
-        update = super().build(settings, None)
-        update.options = SearchOptions(search=False)
+    def build(cls, settings: Settings, server_data: object | None = None) -> FallbackStep:
+        fedbuff = settings.fedbuff
+        update = cls._from_settings(
+            settings, None, SearchOptions(search=False), fedbuff.server_lr, fedbuff.staleness_scaling
+        )
         return update  # type: ignore[return-value]
