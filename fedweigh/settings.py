@@ -248,8 +248,8 @@ class FeddleSettings(_Section):
     fallback_server_lr: float = Field(1.0, gt=0.0, allow_inf_nan=False)  # η_g of the fallback (spec §3.4)
     fallback_staleness_scaling: bool = False  # the fallback weighs a new anchor τ rounds old by 1/sqrt(1 + τ)
     regularization: float = Field(0.01, ge=0.0, allow_inf_nan=False)  # λ of (λ/2)||c - c'||²
-    search_lr: float = Field(1e-3, gt=0.0, allow_inf_nan=False)
-    search_epochs: int = Field(10, ge=1)  # passes over in-distribution server data (OOD: the same number of steps)
+    search_lr: float = Field(1e-3, gt=0.0, allow_inf_nan=False)  # the paper's grid: 1e-5, 1e-4, 1e-3
+    search_epochs: int = Field(10, ge=1)  # passes over the server data (the paper's grid: 1, 10, 20)
     search_batch_size: int = Field(64, ge=1)
     search_optimizer: Literal["adam", "sgd"] = "adam"
     max_coefficient: float = Field(0.0, ge=0.0, allow_inf_nan=False)  # clip |c| to this; 0: no clipping

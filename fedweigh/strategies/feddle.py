@@ -30,6 +30,14 @@ Nguyen et al.'s buffer of K updates (:mod:`fedweigh.strategies.fedbuff`).
 :class:`FallbackStep` is the step with the search off: the fallback itself,
 ``w + η_g / |B| Σ_{new} sw(τ) Δ``.
 
+Each search records its cost in the round's diagnostics: its wall time
+(``search-seconds``), its coefficient steps (``search-steps``:
+``feddle.search-epochs`` passes over the server's data, each batch a forward
+and a backward pass through the model), the head's steps with
+out-of-distribution data (``head-steps``, as many, each a forward pass through
+the body), and every image the model took in (``search-images``: those
+batches, and the two loss measurements on up to :data:`LOSS_SAMPLE` images).
+
 Example
 -------
 >>> import torch
@@ -45,6 +53,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +68,7 @@ from fedweigh.data.loader import batches
 from fedweigh.data.server import ServerData
 from fedweigh.models import on_device
 from fedweigh.models.finetuning import exchanged_keys
+from fedweigh.results import SEARCH_SECONDS
 from fedweigh.settings import Settings
 from fedweigh.strategies.aggregation import NamedArrays, weighted_average
 from fedweigh.strategies.atlas import (
@@ -205,6 +215,22 @@ def search_coefficients(
         if options.max_coefficient > 0:
             coefficients.clamp_(-options.max_coefficient, options.max_coefficient)
     return coefficients.detach()
+
+
+class Tally:
+    """A stream of ``(images, labels)`` batches that counts the images it hands out."""
+
+    def __init__(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.stream = stream
+        self.images = 0
+
+    def __iter__(self) -> Tally:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = next(self.stream)
+        self.images += len(labels)
+        return images, labels
 
 
 def epochs_of(
@@ -377,15 +403,17 @@ class FeddleUpdate(ServerUpdate):
         diagnostics: dict[str, Any],
     ) -> torch.Tensor:
         assert self.data is not None
+        started = time.perf_counter()
         generator = torch.Generator(device="cpu").manual_seed(
             int(np.random.SeedSequence([self.seed, server_round]).generate_state(1)[0])
         )
-        stream = epochs_of(self.data, self.options.batch_size, generator, self.device)
+        stream = Tally(epochs_of(self.data, self.options.batch_size, generator, self.device))
         steps = self.options.epochs * math.ceil(len(self.data) / self.options.batch_size)
         self.model.eval()  # BN running statistics, no dropout: the search never touches the buffers
         if self.data.kind == "ood":
             self.view.load(merged(base, anchors, ratios, fallback))
             diagnostics["head-loss"] = self._fit_head(stream, steps)
+            diagnostics["head-steps"] = steps
             loss = self._surrogate_loss
         else:
             loss = self._task_loss
@@ -396,6 +424,8 @@ class FeddleUpdate(ServerUpdate):
         )
         diagnostics["search-loss-after"] = self._server_loss(merged(base, anchors, ratios, coefficients), loss)
         diagnostics["search-steps"] = steps
+        diagnostics["search-images"] = stream.images + 2 * min(LOSS_SAMPLE, len(self.data))
+        diagnostics[SEARCH_SECONDS] = round(time.perf_counter() - started, 4)
         return coefficients
 
     def _task_loss(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
