@@ -257,7 +257,7 @@ class FeddleSettings(_Section):
 
 
 class FedAsyncSettings(_Section):
-    """``[fedasync]``: FedAsync's staleness-discounted mixing, one arrival at a time."""
+    """``[fedasync]``: FedAsync's staleness-discounted mixing, one arrival at a time (τ in rounds)."""
 
     alpha: float = Field(0.4, gt=0.0, le=1.0)  # w ← (1 - α_τ) w + α_τ w_client
     a: float = Field(0.5, ge=0.0, allow_inf_nan=False)  # α_τ = α (τ + 1)^(-a)
