@@ -228,7 +228,7 @@ class DACSettings(_Section):
 class FedBuffSettings(_Section):
     """``[fedbuff]``: FedBuff's buffered server step (see :mod:`fedweigh.strategies.fedbuff`).
 
-    K = 10 and the staleness weight on are Nguyen et al.'s (their experiments and code); η_g = 1 is the
+    K = 10 (their published example's buffer) and the staleness weight on are Nguyen et al.'s; η_g = 1 is the
     Feddle spec's choice (§3.4), one of the Feddle paper's grid {0.01, 0.1, 1}.
     """
 

@@ -32,10 +32,11 @@ and rounded.
 
 Defaults, and whose (``[fedbuff]``):
 
-* ``buffer-size`` K = 10: Nguyen et al.'s (their experiments and their
-  published example, FLSim's ``sent140_fedbuff_config.json``); the Feddle
-  paper tuned K over {10, 20, 50};
-* ``staleness-scaling`` on: Nguyen et al.'s s(τ) = 1/sqrt(1 + τ);
+* ``buffer-size`` K = 10: Nguyen et al.'s (the buffer of their published
+  example, FLSim's ``examples/configs/sent140_fedbuff_config.json``); the
+  Feddle paper tuned K over {10, 20, 50};
+* ``staleness-scaling`` on: Nguyen et al.'s s(τ) = 1/sqrt(1 + τ) (FLSim's
+  polynomial staleness weight with exponent 1/2);
 * ``server-lr`` η_g = 1: the Feddle spec's (§3.4), one of the Feddle paper's
   grid {0.01, 0.1, 1}. Nguyen et al. tune η_g per task, with server momentum
   (their example: η_g = 0.7, momentum 0.9); momentum is not implemented: the
