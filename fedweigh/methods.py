@@ -75,7 +75,12 @@ METHODS: dict[str, Method] = {
         Method("ufl-fedavg", "sample-count", steps=("ufl",), meaning="UFL's local loss with FedAvg's weights"),
         Method("flood", "dac", steps=("asw",), meaning="FLood: pseudo-OOD samples weighted by λ(t) (ASW), DAC weights"),
         Method("feddle", "sample-count", update="feddle", meaning="Feddle: atlas merging searched on server data"),
-        Method("fedbuff", "sample-count", update="fedbuff", meaning="FedBuff: the mean update of the round's arrivals"),
+        Method(
+            "fedbuff",
+            "sample-count",
+            update="fedbuff",
+            meaning="FedBuff: a step with the staleness-weighted mean of every K buffered updates",
+        ),
         Method("fedasync", "sample-count", update="fedasync", meaning="FedAsync: staleness-discounted mixing"),
         Method("center", "sample-count", update="center", meaning="Center: trained on the server's data alone"),
         Method("fedft", "sample-count", update="fedft", meaning="Fed+FT: FedAvg, then fine-tuned on server data"),

@@ -24,7 +24,8 @@ the setting, the value and what is accepted:
    same settings but those that may change (:func:`resume_problems`);
 5. the federation and the data, when the number of partitions is known
    (:func:`federation_problems`): ``min-train-nodes``, ``min-round-replies``,
-   a resumed run's federation size, the split, and the server's own data
+   ``fedbuff.buffer-size`` (a buffer no run of that length can fill), a
+   resumed run's federation size, the split, and the server's own data
    (found, labelled, not empty, and brought to the clients' input shape);
 6. the trackers ``tracking`` names (:func:`fedweigh.tracking.tracking_problems`):
    their packages installed, so that a missing one is named, with what to
@@ -297,7 +298,7 @@ def _server_data_problems(settings: Settings, update: str, kinds: tuple[str, ...
     accepted = " or ".join(
         {"id": "'id' (held out of the test split)", "ood": "a dataset (out-of-distribution)"}[kind] for kind in kinds
     )
-    extra = "; or feddle.search = false (FedBuff's step)" if update == "feddle" else ""
+    extra = "; or feddle.search = false (its fallback step alone)" if update == "feddle" else ""
     return [
         f"strategy = {settings.strategy!r} trains on the server's own data, but server-data = "
         f"{settings.server_data!r}; accepted: server-data = {accepted}{extra}"
@@ -451,7 +452,9 @@ def federation_problems(settings: Settings, num_partitions: int, with_data: bool
     """What cannot work with a federation of ``num_partitions`` nodes (empty when fine).
 
     ``min-train-nodes`` above it; ``min-round-replies`` above the clients a
-    round samples (a round could then never close at its deadline); a resumed
+    round samples (a round could then never close at its deadline); a FedBuff
+    buffer larger than the updates all rounds can bring (it would never step);
+    a resumed
     run on a federation of another size than its own (other partitions); and,
     ``with_data``, the data split (:func:`data_problems`) when all else is fine.
     """
@@ -469,6 +472,7 @@ def federation_problems(settings: Settings, num_partitions: int, with_data: bool
             f"{settings.min_train_nodes}), so no round could close at its round-deadline = "
             f"{settings.round_deadline!r} s; accepted: min-round-replies <= {sampled}"
         )
+    problems += _buffer_problems(settings, sampled, num_partitions)
     recorded = recorded_partitions(settings.resume_from) if settings.resume_from else None
     if recorded is not None and recorded != num_partitions:
         problems.append(
@@ -479,6 +483,21 @@ def federation_problems(settings: Settings, num_partitions: int, with_data: bool
     if problems or not with_data:
         return problems
     return data_problems(settings, num_partitions)
+
+
+def _buffer_problems(settings: Settings, sampled: int, num_partitions: int) -> list[str]:
+    """A FedBuff buffer larger than all the updates the run can ever receive: it would never step."""
+    buffer_size = settings.fedbuff.buffer_size
+    arriving = settings.num_server_rounds * sampled
+    if METHODS[settings.strategy].update != "fedbuff" or buffer_size <= arriving:
+        return []
+    return [
+        f"strategy = {settings.strategy!r} with fedbuff.buffer-size = {buffer_size} would never step: at most "
+        f"num-server-rounds = {settings.num_server_rounds} x {sampled} clients a round (fraction-train = "
+        f"{settings.fraction_train!r} of {num_partitions} nodes, at least min-train-nodes = "
+        f"{settings.min_train_nodes}) = {arriving} updates ever arrive; accepted: fedbuff.buffer-size <= {arriving}, "
+        "or 0 (a step every round on what arrived)"
+    ]
 
 
 def check_run(run_config: Mapping[str, Any], num_partitions: int | None = None) -> Settings:

@@ -102,7 +102,9 @@ WAIT_SECONDS = "wait_seconds"
 aggregation (``seconds`` less this is the server's own work: sampling, aggregation, evaluation, recording)."""
 EVALUATE_SECONDS = "evaluate_seconds"
 """metrics.jsonl: the central evaluation's part of the round's ``seconds`` (rounds that evaluate)."""
-TIMING_FIELDS = ("seconds", WAIT_SECONDS, EVALUATE_SECONDS, *TIMING_KEYS)
+SEARCH_SECONDS = "search-seconds"
+"""metrics.jsonl, Feddle's diagnostics: the round's coefficient search (head fit and loss measurements included)."""
+TIMING_FIELDS = ("seconds", WAIT_SECONDS, EVALUATE_SECONDS, SEARCH_SECONDS, *TIMING_KEYS)
 """The fields of metrics.jsonl and summary.json that measure wall time; everything else is determined
 by the run config and seed (on CPU)."""
 

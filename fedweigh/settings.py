@@ -226,10 +226,15 @@ class DACSettings(_Section):
 
 
 class FedBuffSettings(_Section):
-    """``[fedbuff]``: FedBuff's server step, which is also Feddle's fallback (see :mod:`fedweigh.strategies.feddle`)."""
+    """``[fedbuff]``: FedBuff's buffered server step (see :mod:`fedweigh.strategies.fedbuff`).
 
-    server_lr: float = Field(1.0, gt=0.0, allow_inf_nan=False)  # η_g: w += η_g · mean of the round's updates
-    staleness_scaling: bool = False  # weigh an update τ rounds old by 1/sqrt(1 + τ)
+    K = 10 (their published example's buffer) and the staleness weight on are Nguyen et al.'s; η_g = 1 is the
+    Feddle spec's choice (§3.4), one of the Feddle paper's grid {0.01, 0.1, 1}.
+    """
+
+    buffer_size: int = Field(10, ge=0)  # K: a step when K are buffered; 0: every round on what arrived (pre-#51)
+    server_lr: float = Field(1.0, gt=0.0, allow_inf_nan=False)  # η_g: w += η_g · (1/K) Σ s(τ) Δ
+    staleness_scaling: bool = True  # s(τ) = 1/sqrt(1 + τ), τ the server steps since the update's model; off: 1
 
 
 class FeddleSettings(_Section):
@@ -239,10 +244,12 @@ class FeddleSettings(_Section):
     eviction: Literal["importance", "fifo"] = "importance"  # which anchor a full atlas drops
     normalize: bool = True  # rescale every anchor to the median anchor norm (Eq. 4)
     init: Literal["fallback", "zero"] = "fallback"  # where the coefficient search starts
-    search: bool = True  # false: no search, the fallback (FedBuff) step itself
+    search: bool = True  # false: no search, the fallback step itself
+    fallback_server_lr: float = Field(1.0, gt=0.0, allow_inf_nan=False)  # η_g of the fallback (spec §3.4)
+    fallback_staleness_scaling: bool = False  # the fallback weighs a new anchor τ rounds old by 1/sqrt(1 + τ)
     regularization: float = Field(0.01, ge=0.0, allow_inf_nan=False)  # λ of (λ/2)||c - c'||²
-    search_lr: float = Field(1e-3, gt=0.0, allow_inf_nan=False)
-    search_epochs: int = Field(10, ge=1)  # passes over in-distribution server data (OOD: the same number of steps)
+    search_lr: float = Field(1e-3, gt=0.0, allow_inf_nan=False)  # the paper's grid: 1e-5, 1e-4, 1e-3
+    search_epochs: int = Field(10, ge=1)  # passes over the server data (the paper's grid: 1, 10, 20)
     search_batch_size: int = Field(64, ge=1)
     search_optimizer: Literal["adam", "sgd"] = "adam"
     max_coefficient: float = Field(0.0, ge=0.0, allow_inf_nan=False)  # clip |c| to this; 0: no clipping
@@ -250,7 +257,7 @@ class FeddleSettings(_Section):
 
 
 class FedAsyncSettings(_Section):
-    """``[fedasync]``: FedAsync's staleness-discounted mixing, one arrival at a time."""
+    """``[fedasync]``: FedAsync's staleness-discounted mixing, one arrival at a time (τ in rounds)."""
 
     alpha: float = Field(0.4, gt=0.0, le=1.0)  # w ← (1 - α_τ) w + α_τ w_client
     a: float = Field(0.5, ge=0.0, allow_inf_nan=False)  # α_τ = α (τ + 1)^(-a)

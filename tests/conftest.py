@@ -65,7 +65,34 @@ def _named(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()})
 
 
-class FakeGrid(Grid):
+class Clock:
+    """A fake clock for grids that wait: ``clock()`` reads it, ``clock.sleep(s)`` moves it on at once."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class OfflineGrid(Grid):
+    """A Grid outside any run: the calls no test grid needs."""
+
+    def set_run(self, run) -> None:  # pragma: no cover - unused
+        pass
+
+    @property
+    def run(self):  # pragma: no cover - unused
+        return None
+
+    def create_message(self, *args, **kwargs):  # pragma: no cover - unused
+        raise NotImplementedError
+
+
+class FakeGrid(OfflineGrid):
     """A Grid whose nodes answer ``query`` with their partition id.
 
     ``partitions`` maps node id to partition id. Train messages are answered
@@ -77,18 +104,8 @@ class FakeGrid(Grid):
         self.train_handler = train_handler
         self.sent: list[Message] = []
 
-    def set_run(self, run) -> None:  # pragma: no cover - unused
-        self._run = run
-
-    @property
-    def run(self):  # pragma: no cover - unused
-        return None
-
     def get_node_ids(self) -> Iterable[int]:
         return list(self.partitions)
-
-    def create_message(self, *args, **kwargs):  # pragma: no cover - unused
-        raise NotImplementedError
 
     def push_messages(self, messages):  # pragma: no cover - unused
         raise NotImplementedError
@@ -141,13 +158,13 @@ def shared_simulation(tmp_path_factory):
 
 
 # Each strategy of fedweigh.methods on digits, with the options it needs (the server's own data) and those that
-# give it server state to carry across rounds (FedOUI's window, a small Feddle atlas, Center's optimizer), in
-# runs short enough to repeat: test_resume.py and test_determinism.py compare runs of these.
+# give it server state to carry across rounds (FedOUI's window, a small Feddle atlas, FedBuff's buffer, Center's
+# optimizer), in runs short enough to repeat: test_resume.py and test_determinism.py compare runs of these.
 SERVER_DATA = {"server-data": "id", "server-data-size": 60}
 STRATEGY_OPTIONS: dict[str, dict[str, object]] = {
     "fedoui": {"fedoui.window": 3},
     "feddle": {**SERVER_DATA, "feddle.search-epochs": 1, "feddle.atlas-size": 3},
-    "fedbuff": {"feddle.atlas-size": 3},
+    "fedbuff": {"fedbuff.buffer-size": 3},  # 2 updates a round: a step in rounds 2 and 3, one update left after 2
     "center": {**SERVER_DATA, "center.epochs": 3},
     "fedft": SERVER_DATA,
 }

@@ -16,9 +16,9 @@ from collections.abc import Iterable
 import numpy as np
 import pytest
 import torch
+from conftest import Clock, OfflineGrid
 from flwr.app import Message, Metadata, MetricRecord, RecordDict
 from flwr.app.message.message import make_message
-from flwr.serverapp import Grid
 from loopback import run_in_process
 
 from fedweigh.results import read_metrics
@@ -133,34 +133,13 @@ def test_a_resumed_asynchronous_run_ends_where_the_uninterrupted_one_does(output
 # ---------------------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class SlowLink(Grid):
+class SlowLink(OfflineGrid):
     """A SuperLink whose node ``n`` replies ``latency[n]`` fake seconds after an instruction (never if None)."""
 
     def __init__(self, clock: Clock, latency: dict[int, float | None]) -> None:
         self.clock, self.latency = clock, latency
         self.pushed: dict[str, tuple[Message, float]] = {}
         self.passed_through: list[list[Message]] = []
-
-    def set_run(self, run) -> None:  # pragma: no cover - unused
-        pass
-
-    @property
-    def run(self):  # pragma: no cover - unused
-        return None
-
-    def create_message(self, *args, **kwargs):  # pragma: no cover - unused
-        raise NotImplementedError
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self.latency)

@@ -30,6 +30,7 @@ OWN_SETTINGS = {  # the strategies that train on the server's own data get some 
     "feddle": {**SERVER_DATA, "feddle.search-epochs": 1},
     "center": {**SERVER_DATA, "center.epochs": 10},
     "fedft": SERVER_DATA,
+    "fedbuff": {"fedbuff.buffer-size": 2},  # a buffer the round's 2 clients fill: a step every round
 }
 SIGNAL_OF = {
     "fedoui": "oui",
@@ -73,6 +74,8 @@ def test_every_strategy_trains_and_records_its_signals(strategy_runs, strategy):
     if strategy == "center":  # trained on the server's 60 images alone: no client was sent anything
         assert all(row["sampled"] == [] and row["clients"] == [] for row in rows)
         assert [row["diagnostics"]["server-epochs"] for row in rows] == [5, 5]
+    if strategy == "fedbuff":
+        assert [(row["diagnostics"]["server-steps"], row["diagnostics"]["buffered"]) for row in rows] == [(1, 0)] * 2
     if strategy == "feddle":
         for row in rows:
             assert row["diagnostics"]["search-loss-after"] < row["diagnostics"]["search-loss-before"]

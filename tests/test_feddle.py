@@ -17,6 +17,8 @@ from fedweigh.data.description import DatasetInfo
 from fedweigh.data.server import ServerData, hold_out, load_other_dataset, match_shape
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
+from fedweigh.results import SEARCH_SECONDS, TIMING_FIELDS
+from fedweigh.settings import validate
 from fedweigh.strategies.atlas import (
     ModelAtlas,
     coefficient_gradient,
@@ -24,7 +26,7 @@ from fedweigh.strategies.atlas import (
     median_norm_ratios,
     merged,
 )
-from fedweigh.strategies.feddle import FedBuffUpdate, FeddleUpdate, ParameterView, SearchOptions
+from fedweigh.strategies.feddle import FallbackStep, FeddleUpdate, ParameterView, SearchOptions
 from fedweigh.strategies.server_training import epochs_in_round
 from fedweigh.strategies.updates import FedAsync, RoundUpdate
 
@@ -208,12 +210,12 @@ def pixel_model(classes=3) -> nn.Module:
     return model
 
 
-def test_fedbuff_is_feddle_without_the_search_and_stale_updates_start_from_their_own_model():
+def test_the_fallback_step_is_feddle_without_the_search_and_stale_updates_start_from_their_own_model():
     model = pixel_model()
     start = named(model)  # the round-3 model the stale client trained
     current = shifted(start, 0.5, seed=1)  # the round-5 global model
     fresh, stale = shifted(current, 0.1, seed=2), shifted(start, 0.1, seed=3)
-    update = FedBuffUpdate(pixel_model())
+    update = FallbackStep(pixel_model())
     new = update(round_update(current, [fresh, stale], [5, 3], start_models={3: start}))
     for name in current:
         expected = current[name] + 0.5 * ((fresh[name] - current[name]) + (stale[name] - start[name]))
@@ -249,6 +251,10 @@ def test_the_in_distribution_search_lowers_the_server_loss_from_the_fallback():
     report = step.diagnostics
     assert report["search-loss-after"] < report["search-loss-before"]
     assert report["atlas-size"] == 4 and report["new-anchors"] == 4 and report["search-steps"] == 5 * 3
+    # its cost: 5 passes over the 96 server images, and the loss on them before and after; the wall time
+    assert report["search-images"] == 5 * 96 + 2 * 96 and "head-steps" not in report
+    assert isinstance(report[SEARCH_SECONDS], float) and report[SEARCH_SECONDS] >= 0.0
+    assert SEARCH_SECONDS in TIMING_FIELDS  # two runs of one seed compare equal without it
     assert len(report["coefficients"]) == 4 and report["negative-coefficients"] == sum(
         c < 0 for c in report["coefficients"]
     )
@@ -268,6 +274,8 @@ def test_the_out_of_distribution_search_fits_a_head_and_searches_on_the_body_onl
     new = update(step)
     assert not torch.equal(update.head.weight, head_before)  # fitted on the server's own 5 classes
     assert step.diagnostics["search-loss-after"] <= step.diagnostics["search-loss-before"] + 1e-9
+    assert step.diagnostics["head-steps"] == step.diagnostics["search-steps"] == 4 * 3
+    assert step.diagnostics["search-images"] == 2 * 4 * 96 + 2 * 96  # the head's passes, then the search's
     # the body gradient alone moves c: the classifier's entries of ∂h/∂w are zero
     view = update.view
     mask = view.head_mask("3")
@@ -281,6 +289,15 @@ def test_the_out_of_distribution_search_fits_a_head_and_searches_on_the_body_onl
     again = FeddleUpdate(pixel_model(), data, SearchOptions())
     again.load_state(state)
     assert torch.equal(again.head.weight, update.head.weight) and len(again.atlas) == 3
+
+
+@pytest.mark.parametrize("epochs", [1, 10, 20])
+@pytest.mark.parametrize("learning_rate", [1e-5, 1e-4, 1e-3])
+def test_the_papers_search_grid_is_accepted_and_reaches_the_search(epochs, learning_rate):
+    """App. D: server epochs {1, 10, 20}, coefficient learning rates {1e-5, 1e-4, 1e-3}."""
+    config = validate({"strategy": "feddle", "feddle.search-epochs": epochs, "feddle.search-lr": learning_rate})
+    options = SearchOptions.from_settings(config)
+    assert (options.epochs, options.learning_rate) == (epochs, learning_rate)
 
 
 def test_fedasync_mixes_each_arrival_discounted_by_its_staleness():

@@ -342,6 +342,7 @@ def cheap_runs(draw: st.DrawFn) -> dict[str, Any]:
         "oui.probe-size": draw(st.sampled_from([2, 16, 500])),
         "ufl.mc-passes": draw(st.integers(1, 3)),
         "feddle.search-epochs": 1,
+        "fedbuff.buffer-size": draw(st.integers(0, 3)),
         "center.epochs": draw(st.integers(1, 3)),
         "flood.a": draw(st.sampled_from([200.0, 1e30])),
         "device": "cpu",

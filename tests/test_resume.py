@@ -12,14 +12,15 @@ Three things make that safe, each tested here:
   checkpoint (truncated, random bytes, a model's ``state_dict``, pickled code)
   is refused with one ``ValueError`` naming ``resume-from``, the file and what
   is accepted;
-* every strategy's server state is in it: each strategy (and five of them with
+* every strategy's server state is in it: each strategy (and six of them with
   delayed clients, updates in flight at the crash) runs 3 rounds straight, and
   again with the server dying after round 2 (an exception nothing catches,
   right after the checkpoint) and a second run resuming it; both must end with
   the same model, tensor for tensor, and the same ``metrics.jsonl`` and
-  ``summary.json`` but for wall times. A last test shows that the comparison
-  notices lost state: resumed without their strategy state, the stateful
-  strategies end elsewhere.
+  ``summary.json`` but for wall times. FedBuff crashes with a partly filled
+  buffer (synchronously and with delays). A last test shows that the
+  comparison notices lost state: resumed without their strategy state, the
+  stateful strategies end elsewhere.
 
 The runs go through the real ServerApp and ClientApp in this process
 (``loopback``); the uninterrupted ones are shared with ``test_determinism.py``.
@@ -58,8 +59,8 @@ pytestmark = pytest.mark.xdist_group("in-process-runs")  # with test_determinism
 
 STRATEGIES = sorted(METHODS)
 ASYNC = {"delay-std": 1.5, "max-staleness": 3}
-# stale updates rebased, a rule with a window, the atlas, staleness-discounted mixing, fine-tuning after the mean
-ASYNC_STRATEGIES = ("fedavg", "fedoui", "feddle", "fedasync", "fedft")
+# stale updates rebased, a rule with a window, the atlas, FedBuff's buffer, staleness-discounted mixing, fine-tuning
+ASYNC_STRATEGIES = ("fedavg", "fedoui", "feddle", "fedbuff", "fedasync", "fedft")
 CASES = [(name, False) for name in STRATEGIES] + [(name, True) for name in ASYNC_STRATEGIES]
 STOP = 2  # the server dies after this round of QUICK_RUN's 3
 
@@ -143,9 +144,11 @@ def test_a_run_resumed_after_a_crash_ends_exactly_where_the_uninterrupted_one_do
     straight = in_process_runs(case_name(strategy, asynchronous), config, nodes)
     folder = crashed_run(monkeypatch, tmp_path / "run", config, nodes)
     assert [row["round"] for row in read_metrics(folder)] == [1, 2]
+    state = Checkpoint.load(folder / CHECKPOINT_FILE).strategy_state
     if asynchronous:  # updates were on their way at the crash: the resumed server must send and apply them
-        state = Checkpoint.load(folder / CHECKPOINT_FILE).strategy_state
         assert read_metrics(folder)[-1]["in_flight"] and state["dispatches"]
+    if strategy == "fedbuff":  # updates wait in its buffer at the crash: the resumed server must step with them
+        assert 0 < state["update"]["buffer"]["count"] < STRATEGY_OPTIONS["fedbuff"]["fedbuff.buffer-size"]
     resume(folder, config, nodes)
     assert [row["round"] for row in read_metrics(folder)] == [1, 2, 3]
     assert_same_outcome(folder, straight)
@@ -169,14 +172,15 @@ def test_a_crash_before_the_last_checkpoint_was_written_repeats_that_round_and_e
     assert_same_outcome(folder, straight)
 
 
-STATEFUL = [("fedoui", False), ("feddle", False), ("center", False), ("fedavg", True)]
+STATEFUL = [("fedoui", False), ("feddle", False), ("fedbuff", False), ("center", False), ("fedavg", True)]
 
 
 @pytest.mark.parametrize(("strategy", "asynchronous"), STATEFUL, ids=[case_name(*case) for case in STATEFUL])
 def test_resumed_without_its_state_a_stateful_strategy_ends_elsewhere(
     in_process_runs, tmp_path, monkeypatch, strategy, asynchronous
 ):
-    """The check above can fail: FedOUI's window, Feddle's atlas, Center's Adam moments, the updates in flight."""
+    """The check above can fail: FedOUI's window, Feddle's atlas, FedBuff's buffer, Center's Adam moments, the updates
+    in flight."""
     config, nodes = case_config(strategy, asynchronous), num_nodes(asynchronous)
     straight = in_process_runs(case_name(strategy, asynchronous), config, nodes)
     folder = crashed_run(monkeypatch, tmp_path / "run", config, nodes)

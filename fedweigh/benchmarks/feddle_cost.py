@@ -9,7 +9,12 @@ Three measurements (``fedweigh benchmark feddle-cost``):
   ratio (the target: Feddle within 1.5x of FedBuff);
 * **server step**: Feddle's and FedBuff's server update alone, in this
   process, on a full atlas of synthetic updates of the same CNN, with
-  1,000 server images and 2 or 10 passes over them per round;
+  1,000 server images and 2 or 10 passes over them per round.
+
+"FedBuff" here is Feddle's fallback step alone (``fedbuff.buffer-size = 0``,
+:class:`~fedweigh.strategies.feddle.FallbackStep`): what Feddle adds to it is
+the search, which is what is measured. Nguyen et al.'s buffered FedBuff adds
+each update to one sum and steps once per K updates: no dearer.
 * **memory**: the atlas holds M updates of the trainable parameters in
   float32, ``4 M d`` bytes: the paper's models, M = 2 x clients per round.
 """
@@ -34,11 +39,13 @@ VIT_LAYERS, VIT_WIDTH = 12, 768
 
 
 def fmnist_async(rounds: int = 12) -> Setting:
-    """The Feddle experiment's setting (FedBuff), asynchronous, for ``rounds`` rounds."""
+    """The Feddle experiment's setting (FedBuff: Feddle's fallback step alone), asynchronous, ``rounds`` rounds."""
     return Setting(
         "feddle-fmnist",
         {
             "strategy": "fedbuff",
+            "fedbuff.buffer-size": 0,  # Feddle's fallback step alone: what Feddle adds is the search
+            "fedbuff.staleness-scaling": False,
             "dataset": dataset_folder("fashion_mnist"),
             "partitioner": "dirichlet",
             "dirichlet-alpha": 0.1,
@@ -100,10 +107,10 @@ def atlas_memory() -> list[dict[str, Any]]:
 
 
 def server_step_seconds(search_epochs: int, repeat: int = 5, dataset: str | None = None) -> dict[str, float]:
-    """Median seconds of one server step, Feddle-ID and FedBuff, on a full atlas of synthetic CNN updates."""
+    """Median seconds of one server step, Feddle-ID and its fallback alone, on a full atlas of synthetic CNN updates."""
     from fedweigh.components import configure_torch, server_and_test_data
     from fedweigh.preflight import parse_settings
-    from fedweigh.strategies.feddle import FedBuffUpdate, FeddleUpdate
+    from fedweigh.strategies.feddle import FallbackStep, FeddleUpdate
     from fedweigh.strategies.updates import RoundUpdate
 
     config = {
@@ -121,7 +128,7 @@ def server_step_seconds(search_epochs: int, repeat: int = 5, dataset: str | None
     timings: dict[str, float] = {}
     for name, update in (
         ("feddle", FeddleUpdate.build(settings, server)),
-        ("fedbuff", FedBuffUpdate.build(settings, None)),
+        ("fedbuff", FallbackStep.build(settings, None)),
     ):
         model = update.model
         base = {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}

@@ -22,8 +22,21 @@ the whole method on the server. Each round, :class:`FeddleUpdate`:
 
 Batch-norm buffers are not searched: they are the sample-weighted mean of the
 arriving clients' buffers (FedAvg's), unchanged in a round nothing arrives.
-:class:`FedBuffUpdate` is the same step with the search off: the fallback
-itself, ``w + η_g / |B| Σ_{new} sw(τ) Δ``.
+The fallback is FedBuff's step over the updates received since the last
+search, which is the round's arrivals (spec §3.4: ``c'_m = η_g sw(τ_m) /
+|B| / r_m``, τ in rounds, η_g = 1 and sw = 1 by default,
+``feddle.fallback-server-lr`` and ``feddle.fallback-staleness-scaling``), not
+Nguyen et al.'s buffer of K updates (:mod:`fedweigh.strategies.fedbuff`).
+:class:`FallbackStep` is the step with the search off: the fallback itself,
+``w + η_g / |B| Σ_{new} sw(τ) Δ``.
+
+Each search records its cost in the round's diagnostics: its wall time
+(``search-seconds``), its coefficient steps (``search-steps``:
+``feddle.search-epochs`` passes over the server's data, each batch a forward
+and a backward pass through the model), the head's steps with
+out-of-distribution data (``head-steps``, as many, each a forward pass through
+the body), and every image the model took in (``search-images``: those
+batches, and the two loss measurements on up to :data:`LOSS_SAMPLE` images).
 
 Example
 -------
@@ -40,6 +53,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +68,7 @@ from fedweigh.data.loader import batches
 from fedweigh.data.server import ServerData
 from fedweigh.models import on_device
 from fedweigh.models.finetuning import exchanged_keys
+from fedweigh.results import SEARCH_SECONDS
 from fedweigh.settings import Settings
 from fedweigh.strategies.aggregation import NamedArrays, weighted_average
 from fedweigh.strategies.atlas import (
@@ -202,6 +217,22 @@ def search_coefficients(
     return coefficients.detach()
 
 
+class Tally:
+    """A stream of ``(images, labels)`` batches that counts the images it hands out."""
+
+    def __init__(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.stream = stream
+        self.images = 0
+
+    def __iter__(self) -> Tally:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = next(self.stream)
+        self.images += len(labels)
+        return images, labels
+
+
 def epochs_of(
     server_data: ServerData, batch_size: int, generator: torch.Generator, device: torch.device
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -231,7 +262,7 @@ class FeddleUpdate(ServerUpdate):
     normalize : bool
         Rescale anchors to the median norm.
     server_lr, staleness_scaling
-        FedBuff's η_g and 1/sqrt(1 + τ) scaling, for the fallback.
+        The fallback's η_g and 1/sqrt(1 + τ) scaling (τ in rounds).
     seed : int
         Seeds the search's batch order, round by round.
     """
@@ -276,15 +307,28 @@ class FeddleUpdate(ServerUpdate):
     @classmethod
     def build(cls, settings: Settings, server_data: object | None = None) -> FeddleUpdate:
         data = server_data if isinstance(server_data, ServerData) else None
+        feddle = settings.feddle
+        options = SearchOptions.from_settings(settings)
+        return cls._from_settings(settings, data, options, feddle.fallback_server_lr, feddle.fallback_staleness_scaling)
+
+    @classmethod
+    def _from_settings(
+        cls,
+        settings: Settings,
+        data: ServerData | None,
+        options: SearchOptions,
+        server_lr: float,
+        staleness_scaling: bool,
+    ) -> FeddleUpdate:
         return cls(
             new_model(settings),
             data,
-            SearchOptions.from_settings(settings),
+            options,
             atlas_size=settings.feddle.atlas_size,
             fifo=settings.feddle.eviction == "fifo",
             normalize=settings.feddle.normalize,
-            server_lr=settings.fedbuff.server_lr,
-            staleness_scaling=settings.fedbuff.staleness_scaling,
+            server_lr=server_lr,
+            staleness_scaling=staleness_scaling,
             seed=settings.seed,
             device=resolve_device(settings.device),
         )
@@ -359,15 +403,17 @@ class FeddleUpdate(ServerUpdate):
         diagnostics: dict[str, Any],
     ) -> torch.Tensor:
         assert self.data is not None
+        started = time.perf_counter()
         generator = torch.Generator(device="cpu").manual_seed(
             int(np.random.SeedSequence([self.seed, server_round]).generate_state(1)[0])
         )
-        stream = epochs_of(self.data, self.options.batch_size, generator, self.device)
+        stream = Tally(epochs_of(self.data, self.options.batch_size, generator, self.device))
         steps = self.options.epochs * math.ceil(len(self.data) / self.options.batch_size)
         self.model.eval()  # BN running statistics, no dropout: the search never touches the buffers
         if self.data.kind == "ood":
             self.view.load(merged(base, anchors, ratios, fallback))
             diagnostics["head-loss"] = self._fit_head(stream, steps)
+            diagnostics["head-steps"] = steps
             loss = self._surrogate_loss
         else:
             loss = self._task_loss
@@ -378,6 +424,8 @@ class FeddleUpdate(ServerUpdate):
         )
         diagnostics["search-loss-after"] = self._server_loss(merged(base, anchors, ratios, coefficients), loss)
         diagnostics["search-steps"] = steps
+        diagnostics["search-images"] = stream.images + 2 * min(LOSS_SAMPLE, len(self.data))
+        diagnostics[SEARCH_SECONDS] = round(time.perf_counter() - started, 4)
         return coefficients
 
     def _task_loss(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -442,14 +490,23 @@ class FeddleUpdate(ServerUpdate):
             self.head.load_state_dict(state["head"])
 
 
-class FedBuffUpdate(FeddleUpdate):
-    """FedBuff: ``w + η_g / |B| Σ sw(τ) Δ`` over the round's arrivals; Feddle with the search off."""
+class FallbackStep(FeddleUpdate):
+    """Feddle's fallback alone, the search off: ``w + η_g / |B| Σ sw(τ) Δ`` over the round's arrivals, τ in rounds.
+
+    It is spec §3.11's mode "none", and what ``strategy = "fedbuff"`` runs with
+    ``fedbuff.buffer-size = 0`` (with ``fedbuff.server-lr`` and
+    ``fedbuff.staleness-scaling``): the FedBuff of this package before issue
+    51, bit for bit. Nguyen et al.'s buffer of K updates is
+    :class:`fedweigh.strategies.fedbuff.FedBuff`.
+    """
 
     name = "fedbuff"
     server_data = ()
 
     @classmethod
-    def build(cls, settings: Settings, server_data: object | None = None) -> FedBuffUpdate:
-        update = super().build(settings, None)
-        update.options = SearchOptions(search=False)
+    def build(cls, settings: Settings, server_data: object | None = None) -> FallbackStep:
+        fedbuff = settings.fedbuff
+        update = cls._from_settings(
+            settings, None, SearchOptions(search=False), fedbuff.server_lr, fedbuff.staleness_scaling
+        )
         return update  # type: ignore[return-value]

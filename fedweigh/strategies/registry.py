@@ -6,7 +6,8 @@
 
 from __future__ import annotations
 
-from fedweigh.strategies.feddle import FedBuffUpdate, FeddleUpdate
+from fedweigh.strategies.fedbuff import FedBuff
+from fedweigh.strategies.feddle import FeddleUpdate
 from fedweigh.strategies.fedma import FedMASimplified
 from fedweigh.strategies.server_training import Center, FineTunedMean
 from fedweigh.strategies.updates import FedAsync, ServerUpdate, WeightedMean
@@ -17,7 +18,7 @@ UPDATES: dict[str, type[ServerUpdate]] = {
         WeightedMean,
         FedAsync,
         FeddleUpdate,
-        FedBuffUpdate,
+        FedBuff,
         Center,
         FineTunedMean,
         FedMASimplified,

@@ -15,8 +15,9 @@ made, relative to the model it started from: it enters the mean as
 ``θ_t + (θ_k − θ_s)``. With fresh replies only that is the plain weighted
 mean, bit for bit. :class:`FedAsync` mixes each arrival into the model in
 turn, discounted by its staleness. Other updates (Feddle's coefficient search
-on server-held data and FedBuff's step in :mod:`fedweigh.strategies.feddle`,
-Center and Fed+FT in :mod:`fedweigh.strategies.server_training`) subclass
+on server-held data in :mod:`fedweigh.strategies.feddle`, FedBuff's buffer of
+K updates in :mod:`fedweigh.strategies.fedbuff`, Center and Fed+FT in
+:mod:`fedweigh.strategies.server_training`) subclass
 :class:`ServerUpdate` too. An update says what it needs, and the check before
 training holds a run to it: the rule's weights (``uses_weights``; if not, an
 ``aggregation`` setting is refused), the server's data (``server_data``: the
@@ -175,6 +176,14 @@ class ServerUpdate:
 class WeightedMean(ServerUpdate):
     """``θ = Σ_k w_k θ_k`` over the replies as models of this round (stale ones rebased).
 
+    Under asynchrony this is FedAvg's handling of stale updates (spec A13):
+    every round, over whatever arrived (fresh and late alike),
+    ``θ_t + Σ_k w_k (θ_k − θ_s(k))``, with FedAvg's ``w_k = n_k / Σ n``, each
+    update taken relative to the model it started from, no staleness discount
+    and no server learning rate; a round where nothing arrives keeps the
+    model. (The FedBuff of this package before issue 51 was this with uniform
+    weights, which is why no FedBuff–FedAvg gap like the paper's could show.)
+
     With ``trim`` > 0 (the ``trimmed-mean`` setting, off by default) it is the
     coordinate-wise trimmed weighted mean of :mod:`fedweigh.strategies.robust`.
     """
@@ -197,9 +206,18 @@ class WeightedMean(ServerUpdate):
 class FedAsync(ServerUpdate):
     """FedAsync: each arrival in turn, ``w ← (1 − α_τ) w + α_τ w_client``, ``α_τ = α (τ + 1)^(−a)``.
 
-    The client's own model is mixed in (not rebased: FedAsync's rule), in
-    partition order; its staleness τ discounts it. Integer buffers are mixed
-    in float64 and rounded.
+    Xie et al., "Asynchronous Federated Optimization" (arXiv 1903.03934), with
+    their polynomial staleness function. The client's own model is mixed in
+    (not rebased: FedAsync's rule), each arrival of a round in turn, in
+    partition order. Its staleness τ counts *rounds*, from the round whose
+    model it trained to the round it arrives in (Xie et al. count server
+    updates, one per arrival: with 10 arrivals a round theirs would be about
+    ten times larger, so α_τ discounts less here); every arrival of a round
+    has its round's staleness, however many were mixed in before it. Every
+    exchanged tensor is mixed, batch-norm statistics included; integer buffers
+    in float64, rounded. A round where nothing arrives keeps the model.
+    Defaults α = 0.4, a = 0.5: in the Feddle paper's grid (α ∈ {0.2, 0.4, 0.8},
+    a ∈ {0.1, 0.5, 0.9}).
     """
 
     name = "fedasync"
