@@ -35,6 +35,7 @@ SIGNALS = {
     "fedoui": {"oui"},
     "ufl": {"uncertainty", "uncertainty-mean"},
     "flood": {"ood-score"},
+    "feddle": set(),
 }
 
 
@@ -74,7 +75,7 @@ def run_example(example, dataset: Path, method: str, model_file: Path) -> tuple[
     """Two rounds of ``method``: the example's ServerApp ``main`` and ClientApp, in this process."""
     server_app, client_app = example
     run_config = {**DEFAULTS, "method": method, "num-server-rounds": 2, "dataset": str(dataset)}
-    run_config["model-file"] = str(model_file)
+    run_config.update({"model-file": str(model_file), "server-images": 50})
     grid = LoopbackGrid(client_app.app, run_config, NODES)
     captured = {}
     make_strategy = server_app.make_strategy
@@ -101,12 +102,16 @@ def test_the_example_runs_each_method_with_the_public_api(example, small_cifar, 
     if method == "fedavg":
         assert type(strategy).__name__ == "FedAvg"  # Flower's own: the example's baseline
         return
-    assert type(strategy).__name__ == {"fedoui": "FedOUI", "fednolowe": "FedNolowe", "ufl": "UFL"}.get(method, "FLood")
+    names = {"fedoui": "FedOUI", "fednolowe": "FedNolowe", "ufl": "UFL", "flood": "FLood", "feddle": "Feddle"}
+    assert type(strategy).__name__ == names[method]
     for round_number in (1, 2):
         record = strategy.records[round_number]
         assert record.aggregated and len(record.clients) == 2 and not record.left_out, record
         for client in record.clients:
             assert SIGNALS[method] <= set(client), client
+        if method == "feddle":  # no weights: the coefficients searched on the server's 50 images
+            assert record.diagnostics["search-steps"] > 0 and record.diagnostics["search-images"] > 0
+            continue
         weights = [client["weight"] for client in record.clients]
         assert sum(weights) == pytest.approx(1.0)
         signal = {"fednolowe": "train_loss", "ufl": "uncertainty"}.get(method)

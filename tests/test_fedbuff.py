@@ -45,7 +45,7 @@ from fedweigh.settings import (
 )
 from fedweigh.strategies.build import build_strategy
 from fedweigh.strategies.deadline import DeadlineGrid
-from fedweigh.strategies.fedbuff import FedBuff, buffered_step, staleness_weight
+from fedweigh.strategies.fedbuff import BufferedStep, buffered_step, staleness_weight
 from fedweigh.strategies.feddle import FallbackStep, FeddleUpdate
 from fedweigh.strategies.updates import RoundUpdate
 
@@ -81,7 +81,7 @@ def test_staleness_weight_is_one_over_the_root_of_one_plus_tau():
 @pytest.mark.parametrize("scaled", [True, False])
 def test_a_full_buffer_steps_by_the_server_lr_times_the_staleness_weighted_mean(scaled):
     """Three steps taken before (in rounds 3, 4, 4); round 5 brings a fresh update and two stale ones."""
-    fedbuff = FedBuff(buffer_size=3, server_lr=0.1, staleness_scaling=scaled)
+    fedbuff = BufferedStep(buffer_size=3, server_lr=0.1, staleness_scaling=scaled)
     fedbuff.step_rounds = [3, 4, 4]
     current = vector(1.0, 2.0)
     starts = {4: vector(0.5, 0.5), 2: vector(-1.0, 3.0)}
@@ -107,7 +107,7 @@ def test_a_full_buffer_steps_by_the_server_lr_times_the_staleness_weighted_mean(
 
 
 def test_a_round_that_does_not_fill_the_buffer_keeps_the_model_and_a_later_one_steps():
-    fedbuff = FedBuff(buffer_size=4, server_lr=0.5)
+    fedbuff = BufferedStep(buffer_size=4, server_lr=0.5)
     w1 = vector(0.0, 0.0)
     first = arrivals(1, w1, [(1, [1.0, 0.0]), (1, [0.0, 2.0]), (1, [3.0, 3.0])])
     np.testing.assert_array_equal(fedbuff(first)["w"], w1["w"])
@@ -127,7 +127,7 @@ def test_a_round_that_does_not_fill_the_buffer_keeps_the_model_and_a_later_one_s
 
 
 def test_a_round_that_brings_two_buffers_full_steps_twice():
-    fedbuff = FedBuff(buffer_size=2, server_lr=1.0, staleness_scaling=False)
+    fedbuff = BufferedStep(buffer_size=2, server_lr=1.0, staleness_scaling=False)
     step = arrivals(1, vector(0.0), [(1, [1.0]), (1, [3.0]), (1, [5.0]), (1, [7.0]), (1, [100.0])])
     np.testing.assert_allclose(fedbuff(step)["w"], [(1.0 + 3.0) / 2 + (5.0 + 7.0) / 2])
     assert step.diagnostics["staleness-steps"] == [0, 0, 1, 1, 2]
@@ -170,19 +170,19 @@ def rounds_of_arrivals(seed: int = 0) -> list[RoundUpdate]:
 
 
 def test_the_buffer_and_the_steps_taken_cross_a_checkpoint_file(tmp_path):
-    straight = FedBuff(buffer_size=4, server_lr=0.3)
+    straight = BufferedStep(buffer_size=4, server_lr=0.3)
     expected = [straight(step) for step in rounds_of_arrivals()]
-    first = FedBuff(buffer_size=4, server_lr=0.3)
+    first = BufferedStep(buffer_size=4, server_lr=0.3)
     before = [first(step) for step in rounds_of_arrivals()[:2]]  # 6 arrivals: one step, 2 waiting
     assert first.buffer.count == 2 and first.steps == 1
     Checkpoint(2, before[-1], {"update": first.state()}).save(tmp_path / "checkpoint.pt")
-    resumed = FedBuff(buffer_size=4, server_lr=0.3)
+    resumed = BufferedStep(buffer_size=4, server_lr=0.3)
     resumed.load_state(Checkpoint.load(tmp_path / "checkpoint.pt").strategy_state["update"])
     after = [resumed(step) for step in rounds_of_arrivals()[2:]]
     for got, want in zip(before + after, expected, strict=True):
         for name in want:
             assert got[name].tobytes() == want[name].tobytes(), name
-    lost = FedBuff(buffer_size=4, server_lr=0.3)  # the same rounds without the state end elsewhere
+    lost = BufferedStep(buffer_size=4, server_lr=0.3)  # the same rounds without the state end elsewhere
     assert lost(rounds_of_arrivals()[2])["w"].tobytes() != expected[2]["w"].tobytes()
 
 
@@ -192,7 +192,7 @@ def test_the_buffer_and_the_steps_taken_cross_a_checkpoint_file(tmp_path):
 
 
 def test_buffer_size_zero_is_the_fedbuff_of_before_feddles_fallback_step_with_fedbuffs_settings():
-    update = FedBuff.build(validate({"strategy": "fedbuff", "fedbuff.buffer-size": 0, "fedbuff.server-lr": 0.5}))
+    update = BufferedStep.build(validate({"strategy": "fedbuff", "fedbuff.buffer-size": 0, "fedbuff.server-lr": 0.5}))
     assert isinstance(update, FallbackStep) and not update.searches
     assert (update.server_lr, update.staleness_scaling) == (0.5, True)
     # Feddle's own fallback keeps the spec's η_g = 1 and no staleness weight (§3.4), whatever FedBuff's are

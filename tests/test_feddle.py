@@ -28,7 +28,7 @@ from fedweigh.strategies.atlas import (
 )
 from fedweigh.strategies.feddle import FallbackStep, FeddleUpdate, ParameterView, SearchOptions
 from fedweigh.strategies.server_training import epochs_in_round
-from fedweigh.strategies.updates import FedAsync, RoundUpdate
+from fedweigh.strategies.updates import AsyncMixing, RoundUpdate
 
 # ---------------------------------------------------------------------------
 # the atlas: normalisation, eviction, fallback, gradient
@@ -303,7 +303,7 @@ def test_the_papers_search_grid_is_accepted_and_reaches_the_search(epochs, learn
 def test_fedasync_mixes_each_arrival_discounted_by_its_staleness():
     current = {"w": np.array([0.0, 0.0], dtype=np.float32)}
     clients = [{"w": np.array([1.0, 1.0], dtype=np.float32)}, {"w": np.array([3.0, -1.0], dtype=np.float32)}]
-    update = FedAsync(alpha=0.5, a=1.0)
+    update = AsyncMixing(alpha=0.5, a=1.0)
     step = round_update(current, clients, [5, 2])  # staleness 0 then 3
     new = update(step)
     first = 0.5 * np.array([1.0, 1.0])

@@ -35,7 +35,7 @@ from fedweigh.components import batch_transform, new_model
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.protocol import SERVER_ROUND, table_entries
 from fedweigh.settings import FedOUISettings, FLoodSettings, OUIProbeSettings, SettingsError, UFLSettings, validate
-from fedweigh.strategies import DAC, UFL, FedNolowe, FedOUI, FedProx, FLood, aggregation
+from fedweigh.strategies import DAC, UFL, FedAsync, FedBuff, Feddle, FedNolowe, FedOUI, FedProx, FLood, aggregation
 from fedweigh.strategies.build import build_strategy
 from fedweigh.strategies.schedules import PseudoOODWeight
 
@@ -217,3 +217,38 @@ def test_the_oui_mod_adds_the_oui_of_the_replys_model_when_asked(train_message):
     metrics = mod(message, context, handler).content["metrics"]
     assert metrics["oui"] == oui_signal(model, probe[:4], layer="0")["oui"]  # oui.probe-size = 4 of the 6
     assert np.isfinite(metrics["oui"])
+
+
+# ---------------------------------------------------------------------------
+# the asynchronous methods and Feddle
+# ---------------------------------------------------------------------------
+
+
+def test_fedbuff_and_fedasync_take_their_options_and_asynchrony():
+    from fedweigh.strategies.fedbuff import BufferedStep
+
+    buffered = FedBuff(buffer_size=3, server_lr=0.5, round_deadline=5.0, min_round_replies=2, max_staleness=4)
+    assert isinstance(buffered.update, BufferedStep) and (buffered.update.buffer_size, buffered.update.server_lr) == (
+        3,
+        0.5,
+    )
+    assert buffered.deadline is not None and (buffered.deadline.seconds, buffered.deadline.min_replies) == (5.0, 2)
+    assert type(FedBuff(buffer_size=0).update).__name__ == "FallbackStep"  # a step a round on what arrived
+    mixing = FedAsync(alpha=0.6, a=1.0, delay_std=2.0, max_staleness=6)
+    assert (mixing.update.alpha, mixing.update.a, mixing.delay_std, mixing.deadline) == (0.6, 1.0, 2.0, None)
+    assert type(build_strategy(validate({"strategy": "fedbuff"}))) is FedBuff
+    with pytest.raises(SettingsError, match="delay-std = -1.0: Input should be greater than or equal to 0"):
+        FedAsync(delay_std=-1.0)
+
+
+def test_feddle_searches_with_the_users_model_on_the_server_images():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 4))
+    images = torch.randint(0, 256, (20, 3, 2, 2), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    strategy = Feddle(model=model, server_images=images, server_labels=torch.arange(20) % 4, search_epochs=2)
+    update = strategy.update
+    assert update.searches and update.model is model and update.options.epochs == 2 and len(update.data) == 20
+    assert update.data.kind == "id" and update.data.num_classes == 4
+    assert torch.equal(update.data.transform(images[:2]), images[:2].float() / 255.0)  # the default preprocessing
+    assert not Feddle(model=model).update.searches  # no server data: the fallback step
+    with pytest.raises(SettingsError, match="kind = 'other'"):
+        Feddle(model=model, kind="other")

@@ -1,7 +1,8 @@
 """The strategy family: Flower strategies that weigh, update and record.
 
 For your own ServerApp (:mod:`~fedweigh.strategies.library`): :class:`FedOUI`,
-:class:`FedNolowe`, :class:`UFL`, :class:`FLood`, :class:`FedProx`, the
+:class:`FedNolowe`, :class:`UFL`, :class:`FLood`, :class:`Feddle`,
+:class:`FedBuff`, :class:`FedAsync`, :class:`FedProx`, the
 :class:`DAC` aggregation and any other rule by name (:func:`aggregation`),
 each a Flower ``FedAvg`` constructed in code; your ClientApp computes what they
 weigh with through :mod:`fedweigh.client`.
@@ -19,6 +20,30 @@ Inside:
 The aggregation rules are :mod:`fedweigh.rules`; the methods by name, :mod:`fedweigh.methods`.
 """
 
-from fedweigh.strategies.library import DAC, UFL, FedNolowe, FedOUI, FedProx, FLood, MethodStrategy, aggregation
+from fedweigh.strategies.library import (
+    DAC,
+    UFL,
+    FedAsync,
+    FedBuff,
+    Feddle,
+    FedNolowe,
+    FedOUI,
+    FedProx,
+    FLood,
+    MethodStrategy,
+    aggregation,
+)
 
-__all__ = ["DAC", "FLood", "FedNolowe", "FedOUI", "FedProx", "MethodStrategy", "UFL", "aggregation"]
+__all__ = [
+    "DAC",
+    "FLood",
+    "FedAsync",
+    "FedBuff",
+    "FedNolowe",
+    "FedOUI",
+    "FedProx",
+    "Feddle",
+    "MethodStrategy",
+    "UFL",
+    "aggregation",
+]

@@ -51,7 +51,7 @@ bit; with ``staleness-scaling = false`` it is that FedBuff exactly.
 Example
 -------
 >>> import numpy as np
->>> fedbuff = FedBuff(buffer_size=2, server_lr=0.5)
+>>> fedbuff = BufferedStep(buffer_size=2, server_lr=0.5)
 >>> w0 = {"w": np.zeros(2, dtype=np.float32)}
 >>> def arrival(round_, client):  # one fresh update arriving in round_
 ...     return RoundUpdate(round_, w0, [{"w": np.array(client, dtype=np.float32)}], [round_], np.ones(1), np.ones(1))
@@ -127,7 +127,7 @@ class UpdateBuffer:
         self.total = {name: np.array(value, dtype=np.float64) for name, value in state.get("total", {}).items()}
 
 
-class FedBuff(ServerUpdate):
+class BufferedStep(ServerUpdate):
     """Nguyen et al.'s FedBuff: a step ``w + η_g/K Σ s(τ) Δ`` whenever K updates are buffered (module docstring).
 
     Parameters
@@ -147,7 +147,7 @@ class FedBuff(ServerUpdate):
         if buffer_size < 1:
             raise ValueError(
                 f"fedbuff.buffer-size = {buffer_size!r} is not a buffer; accepted here: an integer >= 1 "
-                "(0, a step every round on what arrived, is FedBuff.build's FallbackStep)"
+                "(0, a step every round on what arrived, is BufferedStep.build's FallbackStep)"
             )
         self.buffer_size, self.server_lr, self.staleness_scaling = buffer_size, server_lr, staleness_scaling
         self.buffer = UpdateBuffer()

@@ -319,9 +319,10 @@ class FeddleUpdate(ServerUpdate):
         options: SearchOptions,
         server_lr: float,
         staleness_scaling: bool,
+        model: nn.Module | None = None,
     ) -> FeddleUpdate:
         return cls(
-            new_model(settings),
+            new_model(settings) if model is None else model,
             data,
             options,
             atlas_size=settings.feddle.atlas_size,
@@ -331,6 +332,15 @@ class FeddleUpdate(ServerUpdate):
             staleness_scaling=staleness_scaling,
             seed=settings.seed,
             device=resolve_device(settings.device),
+        )
+
+    @classmethod
+    def for_model(cls, settings: Settings, model: nn.Module, data: ServerData | None) -> FeddleUpdate:
+        """The step the settings' ``[feddle]`` describe, searching with ``model`` (a library user's own)."""
+        feddle = settings.feddle
+        options = SearchOptions.from_settings(settings)
+        return cls._from_settings(
+            settings, data, options, feddle.fallback_server_lr, feddle.fallback_staleness_scaling, model
         )
 
     @property
@@ -497,7 +507,7 @@ class FallbackStep(FeddleUpdate):
     ``fedbuff.buffer-size = 0`` (with ``fedbuff.server-lr`` and
     ``fedbuff.staleness-scaling``): the FedBuff of this package before issue
     51, bit for bit. Nguyen et al.'s buffer of K updates is
-    :class:`fedweigh.strategies.fedbuff.FedBuff`.
+    :class:`fedweigh.strategies.fedbuff.BufferedStep`.
     """
 
     name = "fedbuff"

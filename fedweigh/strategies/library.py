@@ -49,9 +49,14 @@ fedweigh.settings.SettingsError: invalid run config:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
+import torch
+from torch import nn
+
+from fedweigh.data.server import ServerData
+from fedweigh.data.tensors import ImageTensors
 from fedweigh.methods import METHODS, RunPlan
 from fedweigh.protocol import CLIENT_STEPS, STEPS, ConfigValue, dashed, producers, recipe_key, table_entries
 from fedweigh.rules.base import WeightingRule
@@ -59,6 +64,9 @@ from fedweigh.rules.dac import DACRule
 from fedweigh.rules.registry import RULES
 from fedweigh.settings import (
     DACSettings,
+    FedAsyncSettings,
+    FedBuffSettings,
+    FeddleSettings,
     FedOUISettings,
     FedProxSettings,
     FLoodSettings,
@@ -70,11 +78,16 @@ from fedweigh.settings import (
     validate,
 )
 from fedweigh.strategies.base import WeightedFedAvg
+from fedweigh.strategies.deadline import Deadline
+from fedweigh.strategies.feddle import FeddleUpdate
+from fedweigh.strategies.registry import UPDATES
 from fedweigh.strategies.sampling import NodeDirectory
 from fedweigh.strategies.schedules import STEP_SCHEDULES, Schedule
+from fedweigh.strategies.updates import ServerUpdate
 
 _FEDOUI, _OUI, _UFL, _UAGG = FedOUISettings(), OUIProbeSettings(), UFLSettings(), UAggSettings()
 _FLOOD, _DAC, _FEDPROX = FLoodSettings(), DACSettings(), FedProxSettings()
+_FEDBUFF, _FEDASYNC, _FEDDLE, _RUN = FedBuffSettings(), FedAsyncSettings(), FeddleSettings(), Settings()
 _FLOWER = {"fraction_train": 1.0, "fraction_evaluate": 1.0, "min_train_nodes": 2, "min_evaluate_nodes": 2}
 """Flower's ``FedAvg`` defaults, which these strategies keep."""
 
@@ -139,6 +152,14 @@ class MethodStrategy(WeightedFedAvg):
     sample_by_partition : bool
         Ask each new node for its ``partition-id`` and sample by partition
         (fedweigh's ClientApp answers); otherwise nodes are known by their ids.
+    round_deadline, min_round_replies : float, int
+        Real asynchrony (a deployment): a round closes this many seconds
+        after its instructions went out once this many replies are in; late
+        replies join later rounds, applied to the model they started from
+        (``max_staleness`` rounds at most). 0: a round waits for every reply.
+    delay_std : float
+        Simulated asynchrony: every reply held back a seeded half-normal
+        number of rounds (σ); 0: none.
     fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes
         As for Flower's ``FedAvg``, with its defaults.
     **strategy_kwargs
@@ -154,6 +175,9 @@ class MethodStrategy(WeightedFedAvg):
         aggregation: WeightingRule | None = None,
         seed: int = 0,
         max_staleness: int = 0,
+        round_deadline: float = _RUN.round_deadline,
+        min_round_replies: int = _RUN.min_round_replies,
+        delay_std: float = _RUN.delay_std,
         sample_by_partition: bool = False,
         fraction_train: float = _FLOWER["fraction_train"],
         fraction_evaluate: float = _FLOWER["fraction_evaluate"],
@@ -167,18 +191,35 @@ class MethodStrategy(WeightedFedAvg):
             strategy=self.method,
             seed=seed,
             max_staleness=max_staleness,
+            round_deadline=round_deadline,
+            min_round_replies=min_round_replies,
+            delay_std=delay_std,
             fraction_train=fraction_train,
             fraction_evaluate=fraction_evaluate,
             min_train_nodes=min_train_nodes,
         )
+        deadline = (
+            Deadline(
+                settings.round_deadline, settings.min_round_replies, settings.max_staleness, timeout=_RUN.round_timeout
+            )
+            if settings.round_deadline > 0
+            else None
+        )
+        strategy_kwargs.setdefault("update", self.server_update(settings))
         self._build(
             settings,
             aggregation=aggregation,
             directory=NodeDirectory(ask=sample_by_partition),
             min_evaluate_nodes=min_evaluate_nodes,
             min_available_nodes=min_train_nodes if min_available_nodes is None else min_available_nodes,
+            delay_std=settings.delay_std,
+            deadline=deadline,
             **strategy_kwargs,
         )
+
+    def server_update(self, settings: Settings) -> ServerUpdate:
+        """The method's step from the replies to the new global model (the weighted mean for most)."""
+        return UPDATES[METHODS[self.method].update].build(settings, None)
 
     @classmethod
     def from_settings(
@@ -398,8 +439,114 @@ class FLood(MethodStrategy):
         super().__init__(options={"flood": flood, "dac": {"alpha": alpha, "mapping": mapping}}, **kwargs)
 
 
+class FedBuff(MethodStrategy):
+    """FedBuff (Nguyen et al., "Federated Learning with Buffered Asynchronous Aggregation", arXiv 2106.06639).
+
+    Client updates wait in a buffer; once it holds ``buffer_size`` (K) the
+    server steps, ``w ← w + η_g / K · Σ s(τ) Δ``, ``s(τ) = 1/√(1 + τ)`` with τ
+    the server steps since the update's model (``staleness_scaling``), and the
+    buffer empties. Made for asynchrony: give ``round_deadline`` (a
+    deployment) or ``delay_std`` (a simulation) and ``max_staleness``.
+    ``buffer_size = 0``: a step every round on what arrived. Options as
+    ``[fedbuff]``.
+    """
+
+    method = "fedbuff"
+
+    def __init__(
+        self,
+        *,
+        buffer_size: int = _FEDBUFF.buffer_size,
+        server_lr: float = _FEDBUFF.server_lr,
+        staleness_scaling: bool = _FEDBUFF.staleness_scaling,
+        **kwargs: Any,
+    ) -> None:
+        fedbuff = {"buffer_size": buffer_size, "server_lr": server_lr, "staleness_scaling": staleness_scaling}
+        super().__init__(options={"fedbuff": fedbuff}, **kwargs)
+
+
+class FedAsync(MethodStrategy):
+    """FedAsync (Xie et al., "Asynchronous Federated Optimization", arXiv 1903.03934).
+
+    Each arrival in turn: ``w ← (1 − α_τ) w + α_τ w_k``, ``α_τ = alpha (τ + 1)^(−a)``,
+    τ in rounds. Made for asynchrony, as :class:`FedBuff`. Options as ``[fedasync]``.
+    """
+
+    method = "fedasync"
+
+    def __init__(self, *, alpha: float = _FEDASYNC.alpha, a: float = _FEDASYNC.a, **kwargs: Any) -> None:
+        super().__init__(options={"fedasync": {"alpha": alpha, "a": a}}, **kwargs)
+
+
+class Feddle(MethodStrategy):
+    """Feddle: the new model is ``w + Σ ĉ_m ā_m`` over an atlas of past client updates, ĉ searched on server data.
+
+    Clients train as they always do (no client step). The server holds
+    images of its own: of the clients' classes (``kind = "id"``), or another
+    dataset's (``"ood"``: a linear head on the model's ``classifier`` layer
+    is fitted to them first). ``server_images`` are ``uint8`` ``[N, C, H, W]``
+    as your dataset stores them, ``preprocess`` what your pipeline does to a
+    batch of them before the model (say, scale and normalise), ``model`` a
+    model of your architecture (its weights are overwritten). Without server
+    data the step is the fallback (FedBuff's step over the round's arrivals).
+    Made for asynchrony, as :class:`FedBuff`. Options as ``[feddle]``.
+    """
+
+    method = "feddle"
+
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        server_images: torch.Tensor | None = None,
+        server_labels: torch.Tensor | None = None,
+        preprocess: Callable[[torch.Tensor], torch.Tensor] = lambda images: images.float() / 255.0,
+        kind: str = "id",
+        classifier: str = "",
+        search_epochs: int = _FEDDLE.search_epochs,
+        search_lr: float = _FEDDLE.search_lr,
+        regularization: float = _FEDDLE.regularization,
+        atlas_size: int = _FEDDLE.atlas_size,
+        **kwargs: Any,
+    ) -> None:
+        if kind not in ("id", "ood"):
+            raise SettingsError([f"kind = {kind!r}: the server data's classes; accepted: 'id' (the clients'), 'ood'"])
+        if classifier:
+            model.classifier_layer = classifier  # what an out-of-distribution head replaces
+        self._model = model
+        self._server_data = None
+        if server_images is not None:
+            if server_labels is None:
+                raise SettingsError(["server_labels = None with server_images: accepted: one label per image"])
+            labels = server_labels.to(torch.int64)
+            classes = int(labels.max()) + 1 if len(labels) else 0
+            self._server_data = ServerData(
+                kind, ImageTensors(server_images, labels), classes, _Preprocessing(preprocess), "library"
+            )
+        feddle = {
+            "search_epochs": search_epochs,
+            "search_lr": search_lr,
+            "regularization": regularization,
+            "atlas_size": atlas_size,
+        }
+        super().__init__(options={"feddle": feddle}, server_data=self._server_data, **kwargs)
+
+    def server_update(self, settings: Settings) -> ServerUpdate:
+        return FeddleUpdate.for_model(settings, self._model, self._server_data)
+
+
+class _Preprocessing:
+    """A user's batch preprocessing as a :class:`~fedweigh.data.transforms.BatchTransform` (no augmentation)."""
+
+    def __init__(self, preprocess: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.preprocess = preprocess
+
+    def __call__(self, images: torch.Tensor, train: bool = False, generator: torch.Generator | None = None) -> Any:
+        return self.preprocess(images)
+
+
 STRATEGY_CLASSES: dict[str, type[MethodStrategy]] = {
-    strategy.method: strategy for strategy in (FedProx, FedOUI, FedNolowe, UFL, FLood)
+    strategy.method: strategy for strategy in (FedProx, FedOUI, FedNolowe, UFL, FLood, FedBuff, FedAsync)
 }
 """The library classes by ``strategy`` name; the run-config app builds every other method as a
 :class:`MethodStrategy`."""

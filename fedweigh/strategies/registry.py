@@ -6,19 +6,19 @@
 
 from __future__ import annotations
 
-from fedweigh.strategies.fedbuff import FedBuff
+from fedweigh.strategies.fedbuff import BufferedStep
 from fedweigh.strategies.feddle import FeddleUpdate
 from fedweigh.strategies.fedma import FedMASimplified
 from fedweigh.strategies.server_training import Center, FineTunedMean
-from fedweigh.strategies.updates import FedAsync, ServerUpdate, WeightedMean
+from fedweigh.strategies.updates import AsyncMixing, ServerUpdate, WeightedMean
 
 UPDATES: dict[str, type[ServerUpdate]] = {
     update.name: update
     for update in (
         WeightedMean,
-        FedAsync,
+        AsyncMixing,
         FeddleUpdate,
-        FedBuff,
+        BufferedStep,
         Center,
         FineTunedMean,
         FedMASimplified,

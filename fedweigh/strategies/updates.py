@@ -13,7 +13,7 @@ checkpoint, so a resumed run continues exactly.
 (trained on the model of an earlier round ``s``) is applied as the update it
 made, relative to the model it started from: it enters the mean as
 ``θ_t + (θ_k − θ_s)``. With fresh replies only that is the plain weighted
-mean, bit for bit. :class:`FedAsync` mixes each arrival into the model in
+mean, bit for bit. :class:`AsyncMixing` (FedAsync) mixes each arrival into the model in
 turn, discounted by its staleness. Other updates (Feddle's coefficient search
 on server-held data in :mod:`fedweigh.strategies.feddle`, FedBuff's buffer of
 K updates in :mod:`fedweigh.strategies.fedbuff`, Center and Fed+FT in
@@ -203,7 +203,7 @@ class WeightedMean(ServerUpdate):
         return weighted_average(update.current_models(), update.weights)
 
 
-class FedAsync(ServerUpdate):
+class AsyncMixing(ServerUpdate):
     """FedAsync: each arrival in turn, ``w ← (1 − α_τ) w + α_τ w_client``, ``α_τ = α (τ + 1)^(−a)``.
 
     Xie et al., "Asynchronous Federated Optimization" (arXiv 1903.03934), with
@@ -227,7 +227,7 @@ class FedAsync(ServerUpdate):
         self.alpha, self.a = alpha, a
 
     @classmethod
-    def build(cls, settings: Settings, server_data: object | None = None) -> FedAsync:
+    def build(cls, settings: Settings, server_data: object | None = None) -> AsyncMixing:
         return cls(settings.fedasync.alpha, settings.fedasync.a)
 
     def mixing(self, staleness: int) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from flwr_datasets import FederatedDataset
@@ -79,6 +80,19 @@ def load_centralized_test(dataset: str) -> DataLoader:
     """The whole test split, for the server's evaluation."""
     test = _federation(dataset, 1).load_split("test").with_transform(_as_tensors)
     return DataLoader(test, batch_size=128)
+
+
+def load_server_images(dataset: str, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``count`` images of the test split as ``uint8 [N, C, H, W]``, and their labels: data the server holds."""
+    test = _federation(dataset, 1).load_split("test").select(range(count))
+    image = "img" if "img" in test.column_names else "image"
+    images = [torch.as_tensor(np.asarray(img.convert("RGB"))).permute(2, 0, 1) for img in test[image]]
+    return torch.stack(images), torch.as_tensor(test["label"])
+
+
+def preprocess(images: torch.Tensor) -> torch.Tensor:
+    """What the clients' pipeline does to an image: scale to [0, 1], normalise each channel to [-1, 1]."""
+    return (images.float() / 255.0 - 0.5) / 0.5
 
 
 def inputs_in_order(loader: DataLoader) -> tuple[torch.Tensor, torch.Tensor]:
