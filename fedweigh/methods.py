@@ -12,9 +12,9 @@ Example
 -------
 >>> from fedweigh.settings import validate
 >>> plan = plan_run(validate({"strategy": "fedprox", "aggregation": "fednolowe"}))
->>> plan.rule, plan.proximal, plan.step_names
+>>> plan.rule, plan.proximal, plan.comma_list
 ('fednolowe', True, [])
->>> plan_run(validate({"strategy": "ufl", "aggregation": "fedoui"})).step_names
+>>> plan_run(validate({"strategy": "ufl", "aggregation": "fedoui"})).comma_list
 ['ufl', 'oui']
 """
 
@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedweigh.options import comma_list
 from fedweigh.protocol import producers
 from fedweigh.rules.registry import RULES
-from fedweigh.settings import Settings, step_names
+from fedweigh.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ class RunPlan:
     steps: tuple[tuple[str, str], ...]
 
     @property
-    def step_names(self) -> list[str]:
+    def comma_list(self) -> list[str]:
         return [name for name, _ in self.steps]
 
     @property
@@ -132,7 +133,7 @@ def plan_run(settings: Settings) -> RunPlan:
     signals = RULES[rule].build(settings).signals
     wanted = [(name, f"strategy = {settings.strategy!r}") for name in method.steps]
     wanted += [(name, rule_origin) for name in producers(signals)]
-    wanted += [(name, f"client-steps = {settings.client_steps!r}") for name in step_names(settings.client_steps)]
+    wanted += [(name, f"client-steps = {settings.client_steps!r}") for name in comma_list(settings.client_steps)]
     steps: list[tuple[str, str]] = []
     for name, origin in wanted:
         if name not in [step for step, _ in steps]:

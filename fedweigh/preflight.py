@@ -54,7 +54,7 @@ from typing import Any
 import torch
 
 from fedweigh.client.mc_dropout import ensure_mc_dropout
-from fedweigh.client.registry import CLIENT_STEPS
+from fedweigh.client.registry import STEP_CLASSES
 from fedweigh.components import batch_transform, data_spec, input_of, new_model, server_and_test_data
 from fedweigh.data.federated import dataset_info, partition_sizes
 from fedweigh.data.sources import check_local_dataset, validate_dataset_setting
@@ -63,11 +63,12 @@ from fedweigh.methods import METHODS, RunPlan, plan_run
 from fedweigh.models import model_names, model_options
 from fedweigh.models.finetuning import exchanged_state
 from fedweigh.models.weights import WeightsUnavailable, fetch
+from fedweigh.options import FLOAT32_MAX
 from fedweigh.protocol import STEPS, TrainRecipe
 from fedweigh.results import CHECKPOINT_FILE, CONFIG_FILE, Checkpoint
 from fedweigh.rules.registry import RULES
-from fedweigh.run_folder import recorded_partitions, recorded_settings, run_files
-from fedweigh.settings import FLOAT32_MAX, Catalog, Settings, SettingsError, flatten, shaping_differences, validate
+from fedweigh.run_folder import recorded_partitions, recorded_settings, run_files, shaping_differences
+from fedweigh.settings import Catalog, Settings, SettingsError, flatten, validate
 from fedweigh.strategies.build import train_instruction
 from fedweigh.strategies.registry import UPDATES
 from fedweigh.strategies.sampling import sample_size
@@ -179,7 +180,7 @@ def combination_problems(settings: Settings) -> list[str]:
         instruction = train_instruction(settings, plan)
         for name, origin in plan.steps:
             try:
-                CLIENT_STEPS[name].check_model(model, instruction)
+                STEP_CLASSES[name].check_model(model, instruction)
             except ValueError as err:
                 problems.append(
                     f"{origin} runs the client step '{name}', which cannot run on model = {settings.model!r}: {err}"
@@ -386,7 +387,7 @@ def resume_problems(settings: Settings) -> list[str]:
     The folder's checkpoint must load (:meth:`~fedweigh.results.Checkpoint.load`),
     hold fewer rounds than ``num-server-rounds``, and fit the model; every
     setting that shapes the run must equal the one in the folder's
-    ``config.json`` (all but :data:`~fedweigh.settings.RESUME_MAY_CHANGE`),
+    ``config.json`` (all but :data:`~fedweigh.run_folder.RESUME_MAY_CHANGE`),
     each that differs named.
     """
     folder = Path(settings.resume_from).expanduser()

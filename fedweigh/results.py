@@ -26,7 +26,7 @@ A run started with ``resume-from=<run folder>`` continues in that folder from
 its checkpoint; because client sampling and client seeds depend only on (seed,
 round, partition), it ends exactly where the uninterrupted run would have.
 Only settings that do not shape the run may differ from the checkpoint's run
-(:data:`fedweigh.settings.RESUME_MAY_CHANGE`; :func:`fedweigh.preflight.check_run`
+(:data:`fedweigh.run_folder.RESUME_MAY_CHANGE`; :func:`fedweigh.preflight.check_run`
 refuses the others before anything starts), and ``config.json`` stays as the
 run's first segment wrote it. A folder that holds a run is never written by
 another run.

@@ -21,7 +21,9 @@ Example
 from __future__ import annotations
 
 import json
+import math
 import os
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -97,3 +99,63 @@ def set_aside(folder: str | os.PathLike[str], now: datetime | None = None) -> Pa
     for name in names:
         (folder / name).rename(target / name)
     return target
+
+
+RESUME_MAY_CHANGE = frozenset(
+    {
+        # the run's place: a resumed run continues in the folder it resumes
+        "output-dir",
+        "run-name",
+        "resume-from",
+        # more rounds (preflight checks that they go beyond the checkpoint's)
+        "num-server-rounds",
+        # where and how often the rounds are shown
+        "tracking",
+        "tensorboard-dir",
+        "tracking-uri",
+        "tracking-experiment",
+        "evaluate-every",
+        "eval-batch-size",
+        "final-uncertainty",
+        # how long a round may wait, and where and how the work runs
+        "round-timeout",
+        "device",
+        "simulation-backend",
+        "event-driven-simulation",
+    }
+)
+"""The settings a resumed run (``resume-from``) may give other values than the run it continues.
+
+Every other setting shapes the run (the model and its options, the data and
+its split, the strategy, rule and their options, the seed, the training
+recipe, asynchrony, faults, ...) and must equal the checkpoint's run's, or
+the resumed run would silently be another run. ``num-server-rounds`` may
+grow; a strategy whose schedule spans the rounds (``center``) then follows
+the new schedule after the resumption.
+"""
+
+
+def shaping_differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(key, recorded value, current value)`` for every setting outside :data:`RESUME_MAY_CHANGE` that differs.
+
+    Both are flat run configs (dotted keys, as :func:`flatten` gives);
+    values are compared as JSON stores them (tuples as lists, infinities as
+    null). A key on one side only is not compared: a setting a newer version
+    added keeps the behaviour of the version that wrote the run at its default.
+
+    >>> shaping_differences({"seed": 7, "run-name": "x"}, {"seed": 1, "run-name": "y"})
+    [('seed', 7, 1)]
+    """
+
+    def stored(value: Any) -> Any:
+        if isinstance(value, tuple | list):
+            return [stored(item) for item in value]
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        return value
+
+    return [
+        (key, recorded[key], current[key])
+        for key in sorted(set(recorded) & set(current) - RESUME_MAY_CHANGE)
+        if stored(recorded[key]) != stored(current[key])
+    ]

@@ -5,7 +5,8 @@ dotted keys (``fedprox.proximal-mu``). :func:`validate` turns it into a
 :class:`Settings` object and fails *before any training* with one message that
 names every bad setting, its value and what is accepted.
 
-This module sits at the bottom of the package and imports none of it. Which
+This module sits at the bottom of the package and imports only its sibling
+:mod:`fedweigh.options` (the tables of options) and :mod:`fedweigh.protocol`. Which
 names a setting accepts (strategies, aggregation rules, client steps, models
 and their options, datasets) belongs to the layers that define them; they hand
 their tables in as a :class:`Catalog` (:func:`fedweigh.preflight.parse_settings`
@@ -37,24 +38,30 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from fedweigh.options import (
+    INT64_ACCEPTED,
+    CenterSettings,
+    DACSettings,
+    FaultSettings,
+    FedAlignSettings,
+    FedAslSettings,
+    FedAsyncSettings,
+    FedBuffSettings,
+    FeddleSettings,
+    FedFTSettings,
+    FedMASimplifiedSettings,
+    FedOUISettings,
+    FedProxSettings,
+    FLoodSettings,
+    OptionsTable,
+    OUIProbeSettings,
+    UAggSettings,
+    UFLSettings,
+    comma_list,
 )
-
-
-def step_names(value: str) -> list[str]:
-    """``"ufl, oui"`` to ``["ufl", "oui"]``."""
-    return [name.strip() for name in value.split(",") if name.strip()]
-
-
-def _dashed(name: str) -> str:
-    return name.replace("_", "-")
+from fedweigh.protocol import dashed
 
 
 @dataclass(frozen=True)
@@ -92,262 +99,31 @@ def _check_name(value: str, accepted: Sequence[str] | None, what: str) -> str:
     return value
 
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-_INT64_ACCEPTED = f"out of range; accepted: integers from {INT64_MIN} to {INT64_MAX} (64 bits, as in TOML)"
-FLOAT32_MAX = 3.4028234663852886e38
-_FLOAT32_ACCEPTED = f"out of range; accepted: numbers of magnitude at most {FLOAT32_MAX:.4g} (torch's float32)"
-
-
-class _Section(BaseModel):
-    """Base of every settings table: dashed keys, unknown keys rejected."""
-
-    model_config = ConfigDict(
-        extra="forbid",
-        alias_generator=_dashed,
-        populate_by_name=True,
-        frozen=True,
-        allow_inf_nan=False,  # NaN or infinity is never a usable setting (it ran and trained garbage)
-    )
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _exact_type(cls, value: Any, info: ValidationInfo) -> Any:
-        """A boolean is no number, and a string no number or boolean, as in TOML (pydantic would convert them:
-        ``local-epochs = true`` ran with 1 epoch)."""
-        annotation = cls.model_fields[str(info.field_name)].annotation
-        if annotation in (int, float) and isinstance(value, bool | str):
-            kind = "a boolean" if isinstance(value, bool) else "a string"
-            number = "an integer" if annotation is int else "a number"
-            raise ValueError(f"{kind} where a number is expected; accepted: {number}, unquoted")
-        if annotation is bool and not isinstance(value, bool):
-            raise ValueError("not a boolean; accepted: true or false")
-        return value
-
-    @field_validator("*")
-    @classmethod
-    def _representable(cls, value: Any) -> Any:
-        """Integers fit TOML's (and Flower's) 64 bits, numbers torch's float32: larger ones overflowed in torch."""
-        if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
-            raise ValueError(_INT64_ACCEPTED)
-        if isinstance(value, float) and abs(value) > FLOAT32_MAX:  # e.g. an optimizer's learning rate
-            raise ValueError(_FLOAT32_ACCEPTED)
-        return value
-
-
-class FedProxSettings(_Section):
-    """``[fedprox]``: the proximal term of FedProx."""
-
-    proximal_mu: float = Field(0.01, ge=0.0)
-
-
-class FedAslSettings(_Section):
-    """``[fedasl]``: FedAsl's loss-deviation rule (FedNolowe's baseline).
-
-    ``alpha``: half-width of the good region around the median loss, in
-    standard deviations; ``beta``: the distance given to clients inside it.
-    Defaults are those of the FedNolowe paper's code.
-    """
-
-    alpha: float = Field(0.5, ge=0.0, allow_inf_nan=False)
-    beta: float = Field(0.2, gt=0.0, allow_inf_nan=False)
-
-
-class FedMASimplifiedSettings(_Section):
-    """``[fedma-simplified]``: the FedNolowe authors' simplified matching (see :mod:`fedweigh.strategies.fedma`)."""
-
-    skip_layers: str = ""  # comma-separated layers averaged without matching; "fc3": lenet5's output, as the authors
-
-
-class FedOUISettings(_Section):
-    """``[fedoui]``: FedOUI's aggregation rule (see :mod:`fedweigh.rules.fedoui`)."""
-
-    epsilon: float = Field(1e-3, ge=0.0, lt=0.5)  # stability constant and Beta-fit clip
-    size_exponent: float = Field(1.0, ge=0.0)  # rho in w ∝ n^rho (s + eps)^gamma
-    score_exponent: float = Field(1.0, ge=0.0)  # gamma
-    window: int = Field(1, ge=1)  # rounds of OUIs pooled into the Beta fit (1: this round only)
-
-
-class OUIProbeSettings(_Section):
-    """``[oui]``: the client step measuring the OUI (see :mod:`fedweigh.client.oui`)."""
-
-    probe_size: int = Field(32, ge=2)  # B, probe samples per client
-    probe_layer: str = ""  # module to hook; "" means the model's own probe_layer
-    # eval: the fixed images through the evaluation transform (the paper's fixed probe); train: re-augmented
-    # every round by the training transform, as the authors' code loads them (spec §3, A3)
-    probe_transform: Literal["eval", "train"] = "eval"
-
-
-class FedAlignSettings(_Section):
-    """``[fedalign]``: the cosine-alignment rule of the FedOUI paper's baseline."""
-
-    epsilon: float = Field(1e-3, ge=0.0)
-    size_exponent: float = Field(1.0, ge=0.0)  # rho in w ∝ n^rho (max(0, cos) + eps)^eta
-    alignment_exponent: float = Field(1.0, ge=0.0)  # eta
-
-
-class UFLSettings(_Section):
-    """``[ufl]``: UFL's client step (see :mod:`fedweigh.client.ufl`)."""
-
-    mc_passes: int = Field(10, ge=1)  # N, MC-dropout forward passes
-    ratio: float = Field(0.3, gt=0.0, le=1.0)  # r, fraction of samples up-weighted
-    alpha: float = Field(0.2, ge=0.0, allow_inf_nan=False)  # lambda = 1 + alpha * u for the selected
-    dropout: float = Field(0.5, ge=0.0, lt=1.0)  # p of the dropout inserted before the classifier
-    normalize: bool = False  # batch loss / sum(lambda) instead of / B (the paper)
-    cheap_path: bool = True  # run only the layers after the first dropout N times
-
-
-class UAggSettings(_Section):
-    """``[uagg]``: UFL's aggregation rule (see :mod:`fedweigh.rules.uagg`)."""
-
-    signal: Literal["sum", "mean"] = "sum"  # U_k (paper) or U_k / m_k
-    size_aware: bool = False  # weights times n_k
-
-
-class FLoodSettings(_Section):
-    """``[flood]``: FLood's client steps ASW and ``ood-score`` and its λ(t) (see :mod:`fedweigh.client.flood`)."""
-
-    q: float = Field(0.7, ge=0.0, le=1.0)  # the lower q-quantile of a batch's scores is the threshold
-    score: Literal["energy", "msp", "max-logit", "gen"] = "energy"
-    temperature: float = Field(1.0, gt=0.0, allow_inf_nan=False)  # T of the energy score
-    a: float = Field(200.0, ge=0.0, allow_inf_nan=False)  # λ rises from 0 to 2a
-    halt_round: int = Field(1000, ge=1)  # T: λ stops growing at round T + 1
-    schedule: Literal["cosine", "linear", "quadratic", "exponential", "logistic"] = "cosine"
-    lag: bool = False  # the authors' code: λ = 1 in round 1, then one round behind
-    mask: Literal["scores", "uniform"] = "scores"  # uniform: every sample gets the batch's mean weight (a control)
-    phi_augment: bool = False  # φ on augmented inputs (the authors' code) instead of the data as it is (Eq. 10)
-
-
-class DACSettings(_Section):
-    """``[dac]``: FLood's aggregation rule (see :mod:`fedweigh.rules.dac`)."""
-
-    alpha: float = Field(0.5, ge=0.0, allow_inf_nan=False)  # p = (u + alpha v) / (1 + alpha)
-    mapping: Literal["sum", "shift", "softmax"] = "sum"  # how OOD scores become shares
-    temperature: float = Field(1.0, gt=0.0, allow_inf_nan=False)  # of the softmax mapping
-
-
-class FedBuffSettings(_Section):
-    """``[fedbuff]``: FedBuff's buffered server step (see :mod:`fedweigh.strategies.fedbuff`).
-
-    K = 10 (their published example's buffer) and the staleness weight on are Nguyen et al.'s; η_g = 1 is the
-    Feddle spec's choice (§3.4), one of the Feddle paper's grid {0.01, 0.1, 1}.
-    """
-
-    buffer_size: int = Field(10, ge=0)  # K: a step when K are buffered; 0: every round on what arrived (pre-#51)
-    server_lr: float = Field(1.0, gt=0.0, allow_inf_nan=False)  # η_g: w += η_g · (1/K) Σ s(τ) Δ
-    staleness_scaling: bool = True  # s(τ) = 1/sqrt(1 + τ), τ the server steps since the update's model; off: 1
-
-
-class FeddleSettings(_Section):
-    """``[feddle]``: the model atlas and the coefficient search (see :mod:`fedweigh.strategies.feddle`)."""
-
-    atlas_size: int = Field(0, ge=0)  # M; 0: twice the clients sampled per round
-    eviction: Literal["importance", "fifo"] = "importance"  # which anchor a full atlas drops
-    normalize: bool = True  # rescale every anchor to the median anchor norm (Eq. 4)
-    init: Literal["fallback", "zero"] = "fallback"  # where the coefficient search starts
-    search: bool = True  # false: no search, the fallback step itself
-    fallback_server_lr: float = Field(1.0, gt=0.0, allow_inf_nan=False)  # η_g of the fallback (spec §3.4)
-    fallback_staleness_scaling: bool = False  # the fallback weighs a new anchor τ rounds old by 1/sqrt(1 + τ)
-    regularization: float = Field(0.01, ge=0.0, allow_inf_nan=False)  # λ of (λ/2)||c - c'||²
-    search_lr: float = Field(1e-3, gt=0.0, allow_inf_nan=False)  # the paper's grid: 1e-5, 1e-4, 1e-3
-    search_epochs: int = Field(10, ge=1)  # passes over the server data (the paper's grid: 1, 10, 20)
-    search_batch_size: int = Field(64, ge=1)
-    search_optimizer: Literal["adam", "sgd"] = "adam"
-    max_coefficient: float = Field(0.0, ge=0.0, allow_inf_nan=False)  # clip |c| to this; 0: no clipping
-    head_lr: float = Field(1e-3, gt=0.0, allow_inf_nan=False)  # Adam on the OOD head θ
-
-
-class FedAsyncSettings(_Section):
-    """``[fedasync]``: FedAsync's staleness-discounted mixing, one arrival at a time (τ in rounds)."""
-
-    alpha: float = Field(0.4, gt=0.0, le=1.0)  # w ← (1 - α_τ) w + α_τ w_client
-    a: float = Field(0.5, ge=0.0, allow_inf_nan=False)  # α_τ = α (τ + 1)^(-a)
-
-
-class CenterSettings(_Section):
-    """``[center]``: the model trained on the server's data alone (Adam), ``epochs`` spread over the rounds."""
-
-    epochs: int = Field(50, ge=1)
-    learning_rate: float = Field(1e-3, gt=0.0, allow_inf_nan=False)
-    batch_size: int = Field(64, ge=1)
-
-
-class FedFTSettings(_Section):
-    """``[fedft]``: FedAvg, then ``epochs`` of fine-tuning on the server's data (fresh Adam) every round."""
-
-    epochs: int = Field(1, ge=1)
-    learning_rate: float = Field(1e-4, gt=0.0, allow_inf_nan=False)
-    batch_size: int = Field(64, ge=1)
-
-
 CLIENT_SAMPLERS = ("per-round", "python-sequence")
 """Accepted values of ``client-sampling`` (:mod:`fedweigh.strategies.sampling` draws them)."""
 
+
 RAY_BACKEND = "ray"
 """The simulation backend of Flower: each ClientApp in a Ray actor."""
+
+
 IN_PROCESS_BACKEND = "in-process"
 """The simulation backend that runs the ClientApp in the simulation's own process (fedweigh/engine.py)."""
+
+
 SIMULATION_BACKENDS = (RAY_BACKEND, IN_PROCESS_BACKEND)
 """Accepted values of ``simulation-backend``."""
 
+
 PARTITIONERS = ("iid", "dirichlet", "soft-capped-dirichlet", "niid-bench-dirichlet", "pathological", "shard")
 """Accepted values of the ``partitioner`` setting (:mod:`fedweigh.data.partitioning` builds them)."""
+
 
 TRACKERS = ("tensorboard", "mlflow")
 """What ``tracking`` may name, comma-separated (or ``none``); :mod:`fedweigh.tracking` says what each one writes."""
 
 
-FAULT_KINDS = (
-    "exception",
-    "stall",
-    "nan",
-    "inf",
-    "wrong-shape",
-    "wrong-dtype",
-    "missing-tensor",
-    "extra-tensor",
-    "scaled",
-    "signal-missing",
-    "signal-nan",
-    "signal-negative",
-    "signal-range",
-    "duplicate",
-    "old-round",
-)
-"""What a faulty client can do (``faults.kinds``); :mod:`fedweigh.faults` says what each one is."""
-
-
-class FaultSettings(_Section):
-    """``[faults]``: fault injection, for testing: a seeded share of each round's sampled clients misbehaves."""
-
-    kinds: str = ""  # comma-separated FAULT_KINDS, or "all"; "": no faults
-    fraction: float = Field(0.0, ge=0.0, le=1.0)  # share of each round's sampled clients that misbehave
-    scale: float = Field(1e6, allow_inf_nan=False)  # the factor of the "scaled" fault
-
-    @field_validator("kinds")
-    @classmethod
-    def _known_kinds(cls, value: str) -> str:
-        unknown = [name for name in step_names(value) if name not in (*FAULT_KINDS, "all")]
-        if unknown:
-            raise ValueError(f"unknown fault {', '.join(unknown)}; accepted: all, {', '.join(FAULT_KINDS)}")
-        return value
-
-    @model_validator(mode="after")
-    def _kinds_with_fraction(self) -> FaultSettings:
-        if bool(step_names(self.kinds)) != (self.fraction > 0):
-            raise ValueError(
-                f"faults.kinds = {self.kinds!r} with faults.fraction = {self.fraction!r} injects nothing; "
-                "accepted: both set (kinds and a fraction above 0) or neither"
-            )
-        return self
-
-    @property
-    def kind_list(self) -> tuple[str, ...]:
-        """The kinds to inject, in :data:`FAULT_KINDS` order ("all": every one)."""
-        names = step_names(self.kinds)
-        return FAULT_KINDS if "all" in names else tuple(kind for kind in FAULT_KINDS if kind in names)
-
-
-class Settings(_Section):
+class Settings(OptionsTable):
     """Every setting of a run; see the README for what each one does."""
 
     # run
@@ -474,7 +250,7 @@ class Settings(_Section):
     @classmethod
     def _known_steps(cls, value: str, info: ValidationInfo) -> str:
         accepted = _catalog(info).steps
-        unknown = [name for name in step_names(value) if accepted is not None and name not in accepted]
+        unknown = [name for name in comma_list(value) if accepted is not None and name not in accepted]
         if unknown:
             raise ValueError(f"unknown client step(s) {unknown}; accepted: {', '.join(sorted(accepted or []))}")
         return value
@@ -482,7 +258,7 @@ class Settings(_Section):
     @field_validator("tracking")
     @classmethod
     def _known_trackers(cls, value: str) -> str:
-        names = step_names(value)
+        names = comma_list(value)
         unknown = [name for name in names if name not in (*TRACKERS, "none")]
         if unknown or not names or ("none" in names and len(names) > 1) or len(set(names)) < len(names):
             problem = f"unknown tracker {', '.join(map(repr, unknown))}" if unknown else "not a choice of trackers"
@@ -555,9 +331,9 @@ class Settings(_Section):
             return self
         refused = [option for option in self.model_options() if option not in models[self.model]]
         if refused:
-            offered = [f"model-{_dashed(option)}" for option in models[self.model]]
+            offered = [f"model-{dashed(option)}" for option in models[self.model]]
             raise ValueError(
-                f"model = {self.model!r} has no option {', '.join(f'model-{_dashed(o)}' for o in refused)}; "
+                f"model = {self.model!r} has no option {', '.join(f'model-{dashed(o)}' for o in refused)}; "
                 f"accepted for this model: {', '.join(offered) or 'none'}"
             )
         return self
@@ -591,13 +367,13 @@ class Settings(_Section):
     @property
     def tracker_names(self) -> tuple[str, ...]:
         """The trackers ``tracking`` names, in :data:`TRACKERS` order (empty for ``none``)."""
-        names = step_names(self.tracking)
+        names = comma_list(self.tracking)
         return tuple(name for name in TRACKERS if name in names)
 
     @property
     def lora_target_names(self) -> tuple[str, ...]:
         """``lora-targets`` as a tuple of module names (empty: the model's own)."""
-        return tuple(step_names(self.lora_targets))
+        return tuple(comma_list(self.lora_targets))
 
     @property
     def channel_statistics(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
@@ -646,66 +422,6 @@ def channel_values(value: str, *, positive: bool = False) -> tuple[float, ...]:
     return numbers
 
 
-RESUME_MAY_CHANGE = frozenset(
-    {
-        # the run's place: a resumed run continues in the folder it resumes
-        "output-dir",
-        "run-name",
-        "resume-from",
-        # more rounds (preflight checks that they go beyond the checkpoint's)
-        "num-server-rounds",
-        # where and how often the rounds are shown
-        "tracking",
-        "tensorboard-dir",
-        "tracking-uri",
-        "tracking-experiment",
-        "evaluate-every",
-        "eval-batch-size",
-        "final-uncertainty",
-        # how long a round may wait, and where and how the work runs
-        "round-timeout",
-        "device",
-        "simulation-backend",
-        "event-driven-simulation",
-    }
-)
-"""The settings a resumed run (``resume-from``) may give other values than the run it continues.
-
-Every other setting shapes the run (the model and its options, the data and
-its split, the strategy, rule and their options, the seed, the training
-recipe, asynchrony, faults, ...) and must equal the checkpoint's run's, or
-the resumed run would silently be another run. ``num-server-rounds`` may
-grow; a strategy whose schedule spans the rounds (``center``) then follows
-the new schedule after the resumption.
-"""
-
-
-def shaping_differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(key, recorded value, current value)`` for every setting outside :data:`RESUME_MAY_CHANGE` that differs.
-
-    Both are flat run configs (dotted keys, as :func:`flatten` gives);
-    values are compared as JSON stores them (tuples as lists, infinities as
-    null). A key on one side only is not compared: a setting a newer version
-    added keeps the behaviour of the version that wrote the run at its default.
-
-    >>> shaping_differences({"seed": 7, "run-name": "x"}, {"seed": 1, "run-name": "y"})
-    [('seed', 7, 1)]
-    """
-
-    def stored(value: Any) -> Any:
-        if isinstance(value, tuple | list):
-            return [stored(item) for item in value]
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        return value
-
-    return [
-        (key, recorded[key], current[key])
-        for key in sorted(set(recorded) & set(current) - RESUME_MAY_CHANGE)
-        if stored(recorded[key]) != stored(current[key])
-    ]
-
-
 class SettingsError(ValueError):
     """A run config that cannot be used; the message lists every problem."""
 
@@ -719,10 +435,10 @@ def setting_names() -> list[str]:
     names = []
     for name, field in Settings.model_fields.items():
         table = field.annotation
-        if isinstance(table, type) and issubclass(table, _Section):
-            names += [f"{_dashed(name)}.{_dashed(key)}" for key in table.model_fields]
+        if isinstance(table, type) and issubclass(table, OptionsTable):
+            names += [f"{dashed(name)}.{dashed(key)}" for key in table.model_fields]
         else:
-            names.append(_dashed(name))
+            names.append(dashed(name))
     return names
 
 
@@ -832,7 +548,7 @@ def validate(run_config: Mapping[str, Any], catalog: Catalog | None = None) -> S
                     lines.append(f"{key} = {_shown(value)}: unknown setting; {_accepted_keys(key)}")
                 continue
             if problem["type"] == "int_parsing_size":  # a string of thousands of digits
-                message = _INT64_ACCEPTED
+                message = INT64_ACCEPTED
             if not location:  # a check across settings names them itself
                 lines.append(message)
                 continue

@@ -25,9 +25,10 @@ from loopback import run_in_process
 
 from fedweigh.faults import EXTRA_TENSOR, FaultPlan, corrupt_arrays, corrupt_metrics, invalid_value
 from fedweigh.methods import METHODS
+from fedweigh.options import FAULT_KINDS
 from fedweigh.protocol import MODEL_ROUND, NUM_EXAMPLES, OOD_SCORE, OUI, SIGNALS, TRAIN_LOSS, UNCERTAINTY
 from fedweigh.results import read_metrics
-from fedweigh.settings import FAULT_KINDS, validate
+from fedweigh.settings import validate
 
 LOGGER = "flwr.fedweigh"  # where the strategies log who was left out
 NODES = 8

@@ -24,6 +24,7 @@ from flwr.app import ConfigRecord, Message, Metadata, MetricRecord, RecordDict
 from flwr.app.message.message import make_message
 
 from fedweigh.arrays import decode, encode
+from fedweigh.options import FedAsyncSettings, FedBuffSettings, FeddleSettings
 from fedweigh.preflight import check_run
 from fedweigh.protocol import (
     ARRAYS,
@@ -36,13 +37,7 @@ from fedweigh.protocol import (
     TRAIN_LOSS,
 )
 from fedweigh.results import Checkpoint
-from fedweigh.settings import (
-    FedAsyncSettings,
-    FedBuffSettings,
-    FeddleSettings,
-    SettingsError,
-    validate,
-)
+from fedweigh.settings import SettingsError, validate
 from fedweigh.strategies.build import build_strategy
 from fedweigh.strategies.deadline import DeadlineGrid
 from fedweigh.strategies.fedbuff import BufferedStep, buffered_step, staleness_weight

@@ -26,17 +26,18 @@ from fedweigh.flops import (
     round_flops,
     training_step_flops,
 )
+from fedweigh.options import FedAslSettings
 from fedweigh.preflight import parse_settings
 from fedweigh.protocol import TrainRecipe
 from fedweigh.rules.base import ComplementShareRule, RoundSignals, complement_share_weights
-from fedweigh.rules.fednolowe import (
+from fedweigh.rules.fedasl import (
     FEDASL_ALPHA,
     FEDASL_BETA,
     LossDeviationRule,
     loss_deviation_distances,
     loss_deviation_weights,
 )
-from fedweigh.settings import FedAslSettings, SettingsError
+from fedweigh.settings import SettingsError
 from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.build import build_strategy
 

@@ -16,12 +16,13 @@ from scipy import stats
 from torch import nn
 
 from fedweigh.client.oui import oui, probe_indices
-from fedweigh.client.registry import CLIENT_STEPS, build_steps
+from fedweigh.client.registry import STEP_CLASSES, build_steps
 from fedweigh.client.steps import StepContext
 from fedweigh.data.description import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
 from fedweigh.models import build_model
+from fedweigh.options import FedAlignSettings, FedOUISettings, OUIProbeSettings
 from fedweigh.preflight import parse_settings
 from fedweigh.rules import fedoui as fedoui_module
 from fedweigh.rules.base import RoundSignals
@@ -35,7 +36,6 @@ from fedweigh.rules.fedoui import (
     fit_oui_beta,
     rank_percentile_scores,
 )
-from fedweigh.settings import FedAlignSettings, FedOUISettings, OUIProbeSettings
 from fedweigh.strategies.build import build_strategy
 
 # Round 59 of the authors' released alpha = 0.1 run (FedOUI repo, results/tables/report_oui_snapshot.csv):
@@ -425,7 +425,7 @@ def test_probe_step_removes_its_hook_and_restores_every_mode():
     model = DropoutNet()
     model.train()
     model.drop.eval()  # a mixed state must come back exactly
-    CLIENT_STEPS["oui"]().after_training(step_context(model))
+    STEP_CLASSES["oui"]().after_training(step_context(model))
     assert model.training and model.hidden.training and model.out.training
     assert not model.drop.training
     assert not model.hidden._forward_hooks
@@ -444,7 +444,7 @@ def test_probe_is_seeded_by_run_seed_and_partition():
 def test_probe_step_with_a_small_partition_and_an_explicit_layer():
     model = build_model("mlp", num_classes=4, in_channels=3, image_size=8)
     context = step_context(model, num_samples=5, **{"oui.probe-layer": "fc1", "oui.probe-size": 12})
-    metrics = CLIENT_STEPS["oui"]().after_training(context)
+    metrics = STEP_CLASSES["oui"]().after_training(context)
     assert metrics["oui-probe-size"] == 12.0 and 0.0 <= metrics["oui"] <= 1.0
     positions = probe_indices(5, 12, seed=5, partition_id=3)
     with torch.no_grad():
@@ -455,11 +455,11 @@ def test_probe_step_with_a_small_partition_and_an_explicit_layer():
 def test_probe_step_errors_name_the_problem():
     model = DropoutNet()
     with pytest.raises(ValueError, match="oui.probe-layer = 'nope'"):
-        CLIENT_STEPS["oui"]().after_training(step_context(model, **{"oui.probe-layer": "nope"}))
+        STEP_CLASSES["oui"]().after_training(step_context(model, **{"oui.probe-layer": "nope"}))
     # the check before training asks the step the same question, on the model alone
     with pytest.raises(ValueError, match="oui.probe-layer = 'nope' is not a submodule of DropoutNet"):
-        CLIENT_STEPS["oui"].check_model(model, {"oui.probe-layer": "nope"})
-    CLIENT_STEPS["oui"].check_model(model, {})  # the model's own probe layer
+        STEP_CLASSES["oui"].check_model(model, {"oui.probe-layer": "nope"})
+    STEP_CLASSES["oui"].check_model(model, {})  # the model's own probe layer
 
 
 # ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from test_experiments import DEFAULTS
 from test_fedoui import DropoutNet, step_context
 
 from fedweigh.client.oui import probe_generator, probe_indices
-from fedweigh.client.registry import CLIENT_STEPS
+from fedweigh.client.registry import STEP_CLASSES
 from fedweigh.components import batch_transform, input_of
 from fedweigh.data.federated import DataSpec, clear_caches, load_partition, partition_sizes
 from fedweigh.data.partitioning import build_partitioner
@@ -178,7 +178,7 @@ def test_bad_statistics_are_refused_before_training_naming_the_setting(extra, me
 def test_a_train_transform_probe_is_augmented_anew_every_round_and_reproducible():
     torch.manual_seed(0)
     model = DropoutNet()
-    step = CLIENT_STEPS["oui"]()
+    step = STEP_CLASSES["oui"]()
     option = {"oui.probe-transform": "train"}
     first = step.after_training(step_context(model, server_round=1, **option))
     again = step.after_training(step_context(model, server_round=1, **option))

@@ -54,7 +54,7 @@ from loopback import run_in_process
 from PIL import Image
 
 from fedweigh import client_app
-from fedweigh.client.registry import CLIENT_STEPS
+from fedweigh.client.registry import STEP_CLASSES
 from fedweigh.components import settings_from
 from fedweigh.experiments.spec import ExperimentError, load_experiment
 from fedweigh.launch.runconfig import build_run_config_arg, load_app_config, parse_run_config, prepare_run_config
@@ -141,7 +141,7 @@ def test_the_helpers_tell_a_clear_refusal_from_an_unclear_one():
 # --- run configs --------------------------------------------------------------------------------------------------
 
 WORDS = sorted(
-    {*METHODS, *RULES, *CLIENT_STEPS, *model_names()}
+    {*METHODS, *RULES, *STEP_CLASSES, *model_names()}
     | {*PARTITIONERS, "sgd", "adam", "cpu", "auto", "id", "digits", "off", "bf16"}
     | {"lora", "head", "full", "energy", "sum", "mean", "all", "nan", "scaled", "128,64", "fc1", "0", ""}
 )

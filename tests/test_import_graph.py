@@ -22,6 +22,7 @@ PACKAGE = REPO / "fedweigh"
 LAYERS: list[set[str]] = [
     {
         "fedweigh.settings",
+        "fedweigh.options",
         "fedweigh.protocol",
         "fedweigh.arrays",
         "fedweigh.faults",

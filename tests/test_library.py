@@ -33,8 +33,9 @@ from fedweigh.client.steps import StepContext
 from fedweigh.client.ufl import UFLStep
 from fedweigh.components import batch_transform, new_model
 from fedweigh.data.tensors import ImageTensors
+from fedweigh.options import FedOUISettings, FLoodSettings, OUIProbeSettings, UFLSettings
 from fedweigh.protocol import SERVER_ROUND, table_entries
-from fedweigh.settings import FedOUISettings, FLoodSettings, OUIProbeSettings, SettingsError, UFLSettings, validate
+from fedweigh.settings import SettingsError, validate
 from fedweigh.strategies import DAC, UFL, FedAsync, FedBuff, Feddle, FedNolowe, FedOUI, FedProx, FLood, aggregation
 from fedweigh.strategies.build import build_strategy
 from fedweigh.strategies.schedules import PseudoOODWeight

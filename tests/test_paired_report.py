@@ -29,9 +29,10 @@ from fedweigh.experiments.runs import (
 from fedweigh.experiments.sampling import SamplingMismatchError
 from fedweigh.experiments.spec import ExperimentError, load_experiment
 from fedweigh.models.mlp import DigitsMLP
+from fedweigh.options import UFLSettings
 from fedweigh.preflight import check_run
 from fedweigh.results import FINAL_U_ABOVE_1, FINAL_U_P95, SUMMARY_FILE
-from fedweigh.settings import SettingsError, UFLSettings
+from fedweigh.settings import SettingsError
 
 # ------------------------------------------------------------------ paired differences
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from flwr.app import ConfigRecord
 
-from fedweigh.client.registry import CLIENT_STEPS
+from fedweigh.client.registry import STEP_CLASSES
+from fedweigh.options import UFLSettings
 from fedweigh.protocol import SIGNALS, STEPS, TrainRecipe, producers, table_entries, table_from_config
-from fedweigh.settings import Settings, UFLSettings, validate
+from fedweigh.settings import Settings, validate
 
 
 def test_the_recipe_survives_a_config_record():
@@ -40,7 +41,7 @@ def test_step_options_travel_under_their_run_config_keys():
 
 def test_signals_steps_and_their_code_agree():
     for step, spec in STEPS.items():
-        assert CLIENT_STEPS[step].name == step
+        assert STEP_CLASSES[step].name == step
         for signal in spec.produces:
             assert SIGNALS[signal].producer == step
         if spec.options is not None:

@@ -6,7 +6,8 @@ import pytest
 from conftest import SHARED_DATASETS
 
 from fedweigh.preflight import parse_settings
-from fedweigh.settings import SettingsError, shaping_differences
+from fedweigh.run_folder import shaping_differences
+from fedweigh.settings import SettingsError
 
 
 def test_defaults_parse():

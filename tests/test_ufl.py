@@ -24,7 +24,7 @@ from fedweigh.client.mc_dropout import (
     ensure_mc_dropout,
     mc_mean_probabilities,
 )
-from fedweigh.client.registry import CLIENT_STEPS
+from fedweigh.client.registry import STEP_CLASSES
 from fedweigh.client.steps import StepContext
 from fedweigh.client.training import train_locally, weighted_cross_entropy
 from fedweigh.client.ufl import UncertaintyWeighting, loss_weights, sample_uncertainty, select_uncertain, selection_size
@@ -32,11 +32,12 @@ from fedweigh.data.description import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
 from fedweigh.models import build_model
+from fedweigh.options import UAggSettings
 from fedweigh.preflight import parse_settings
 from fedweigh.protocol import UNCERTAINTY, UNCERTAINTY_MEAN, TrainRecipe
 from fedweigh.rules.base import ComplementShareRule, RoundSignals, SampleCountRule
 from fedweigh.rules.uagg import SizeAwareComplementShareRule, size_aware_complement_share_weights, u_agg_rule
-from fedweigh.settings import SettingsError, UAggSettings
+from fedweigh.settings import SettingsError
 from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.build import build_strategy
 
@@ -403,7 +404,7 @@ def _context(model: nn.Module, data: ImageTensors, transform: BatchTransform, **
 def test_step_weights_and_signals_follow_the_spec():
     model = seeded_model("lenet5", 1, 28)
     data, transform = random_data(50, 1, 28), transform_for(1, 28)
-    weighting, metrics = CLIENT_STEPS["ufl"]().before_training(
+    weighting, metrics = STEP_CLASSES["ufl"]().before_training(
         _context(model, data, transform, **{"mc-passes": 4, "normalize": True})
     )
     probabilities = mc_mean_probabilities(model, data, transform, CPU, 4, seed=123, cheap=False)
@@ -425,7 +426,7 @@ def _train_like_the_client_app(model: nn.Module, data, transform, steps: list[st
     generator = torch.Generator().manual_seed(seed)
     weighting = None
     for name in steps:
-        weighting, _ = CLIENT_STEPS[name]().before_training(_context(model, data, transform, **options))
+        weighting, _ = STEP_CLASSES[name]().before_training(_context(model, data, transform, **options))
     train_locally(model, data, TrainRecipe(batch_size=8), transform, CPU, generator, weighting)
     return model
 

@@ -41,8 +41,8 @@ from fedweigh.client.steps import ClientStep, Metrics, StepContext
 from fedweigh.data.loader import batches
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
+from fedweigh.options import FLoodSettings
 from fedweigh.protocol import ASW_LAMBDA, OOD_SCORE, STEPS, table_from_config
-from fedweigh.settings import FLoodSettings
 
 ScoreFunction = Callable[[torch.Tensor], torch.Tensor]
 

@@ -30,6 +30,7 @@ import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from torch import nn
 
+from fedweigh.options import FLoodSettings, OUIProbeSettings, UFLSettings
 from fedweigh.protocol import (
     ARRAYS,
     ASW_LAMBDA,
@@ -45,7 +46,6 @@ from fedweigh.protocol import (
     recipe_key,
     table_from_config,
 )
-from fedweigh.settings import FLoodSettings, OUIProbeSettings, UFLSettings
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from fedweigh.client.steps import ClientStep, Metrics, StepContext
+from fedweigh.options import OUIProbeSettings
 from fedweigh.protocol import OUI, STEPS, table_from_config
-from fedweigh.settings import OUIProbeSettings
 
 PROBE_SIZE_METRIC = "oui-probe-size"
 """Reported with the OUI: the number of probe samples it was measured on."""

@@ -6,7 +6,7 @@ options table; this table binds the name to the class that runs it.
 Example
 -------
 >>> from fedweigh.protocol import STEPS
->>> sorted(CLIENT_STEPS) == sorted(STEPS)
+>>> sorted(STEP_CLASSES) == sorted(STEPS)
 True
 >>> [type(step).__name__ for step in build_steps(["oui", "ufl"])]
 ['OUIProbe', 'UFLStep']
@@ -19,7 +19,7 @@ from fedweigh.client.oui import OUIProbe
 from fedweigh.client.steps import ClientStep
 from fedweigh.client.ufl import UFLDropoutStep, UFLStep
 
-CLIENT_STEPS: dict[str, type[ClientStep]] = {
+STEP_CLASSES: dict[str, type[ClientStep]] = {
     step.name: step for step in (OUIProbe, UFLStep, UFLDropoutStep, ASWStep, OODScoreStep)
 }
 """Every client step's class, by name."""
@@ -27,7 +27,7 @@ CLIENT_STEPS: dict[str, type[ClientStep]] = {
 
 def build_steps(names: list[str]) -> list[ClientStep]:
     """Instantiate the steps an instruction names; an unknown name is an error naming the known ones."""
-    unknown = [name for name in names if name not in CLIENT_STEPS]
+    unknown = [name for name in names if name not in STEP_CLASSES]
     if unknown:
-        raise ValueError(f"unknown client step(s) {unknown}; known: {sorted(CLIENT_STEPS)}")
-    return [CLIENT_STEPS[name]() for name in names]
+        raise ValueError(f"unknown client step(s) {unknown}; known: {sorted(STEP_CLASSES)}")
+    return [STEP_CLASSES[name]() for name in names]

@@ -48,8 +48,8 @@ from fedweigh.client.mc_dropout import MC_BATCH_SIZE, ensure_mc_dropout, mc_mean
 from fedweigh.client.oui import probe_oui, resolve_probe_layer
 from fedweigh.client.training import weighted_cross_entropy
 from fedweigh.client.ufl import loss_weights, sample_uncertainty, select_uncertain, uncertainty_summary
+from fedweigh.options import FLoodSettings, UFLSettings
 from fedweigh.protocol import OOD_SCORE, OUI
-from fedweigh.settings import FLoodSettings, UFLSettings
 
 Signals = dict[str, float]
 

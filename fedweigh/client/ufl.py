@@ -52,8 +52,8 @@ from fedweigh.client.mc_dropout import ensure_mc_dropout, mc_mean_probabilities
 from fedweigh.client.steps import ClientStep, Metrics, StepContext
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
+from fedweigh.options import UFLSettings
 from fedweigh.protocol import MC_SECONDS, STEPS, UNCERTAINTY, UNCERTAINTY_MEAN, table_from_config
-from fedweigh.settings import UFLSettings
 
 logger = logging.getLogger("flwr.fedweigh")
 

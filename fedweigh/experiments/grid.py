@@ -46,7 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 from fedweigh.experiments.spec import Experiment, ExperimentError
 from fedweigh.results import CHECKPOINT_FILE, CONFIG_FILE, SUMMARY_FILE, Checkpoint
-from fedweigh.settings import flatten, shaping_differences
+from fedweigh.run_folder import shaping_differences
+from fedweigh.settings import flatten
 from fedweigh.tracking import TENSORBOARD_FOLDER, local_store
 
 if TYPE_CHECKING:
@@ -245,7 +246,7 @@ def settings_differences(recorded: Mapping[str, Any], expected: Mapping[str, Any
 
     Keys present on one side only are ignored (a newer version may add
     settings); so are those a resumed run may change
-    (:data:`fedweigh.settings.RESUME_MAY_CHANGE`: output folder, run name,
+    (:data:`fedweigh.run_folder.RESUME_MAY_CHANGE`: output folder, run name,
     resume point, number of rounds, trackers, ...).
 
     >>> settings_differences({"seed": 1, "fedoui": {"window": 1}}, {"seed": 1, "fedoui": {"window": 5}})

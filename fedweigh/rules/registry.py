@@ -23,7 +23,7 @@ from fedweigh.protocol import TRAIN_LOSS
 from fedweigh.rules.base import ComplementShareRule, SampleCountRule, UniformRule, WeightingRule
 from fedweigh.rules.dac import DACRule
 from fedweigh.rules.fedalign import AlignmentRule
-from fedweigh.rules.fednolowe import LossDeviationRule
+from fedweigh.rules.fedasl import LossDeviationRule
 from fedweigh.rules.fedoui import OUIBetaRule
 from fedweigh.rules.uagg import u_agg_rule
 from fedweigh.settings import Settings

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedweigh.options import UAggSettings
 from fedweigh.protocol import UNCERTAINTY, UNCERTAINTY_MEAN
 from fedweigh.rules.base import ComplementShareRule, RoundSignals, RuleOutcome, complement_share_weights, normalized
-from fedweigh.settings import UAggSettings
 
 
 def size_aware_complement_share_weights(values: np.ndarray, num_examples: np.ndarray) -> np.ndarray:

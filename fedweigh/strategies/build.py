@@ -37,8 +37,8 @@ def train_instruction(settings: Settings, plan: RunPlan) -> dict[str, ConfigValu
     mu = settings.fedprox.proximal_mu if plan.proximal else 0.0
     instruction: dict[str, ConfigValue] = TrainRecipe.from_settings(settings, proximal_mu=mu).to_config()
     if plan.steps:
-        instruction[CLIENT_STEPS] = plan.step_names
-    for name in plan.step_names:
+        instruction[CLIENT_STEPS] = plan.comma_list
+    for name in plan.comma_list:
         table = STEPS[name].options
         if table is not None:
             instruction.update(table_entries(table, getattr(settings, table.replace("-", "_"))))

@@ -58,11 +58,7 @@ from torch import nn
 from fedweigh.data.server import ServerData
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.methods import METHODS, RunPlan
-from fedweigh.protocol import CLIENT_STEPS, STEPS, ConfigValue, dashed, producers, recipe_key, table_entries
-from fedweigh.rules.base import WeightingRule
-from fedweigh.rules.dac import DACRule
-from fedweigh.rules.registry import RULES
-from fedweigh.settings import (
+from fedweigh.options import (
     DACSettings,
     FedAsyncSettings,
     FedBuffSettings,
@@ -71,12 +67,14 @@ from fedweigh.settings import (
     FedProxSettings,
     FLoodSettings,
     OUIProbeSettings,
-    Settings,
-    SettingsError,
     UAggSettings,
     UFLSettings,
-    validate,
 )
+from fedweigh.protocol import CLIENT_STEPS, STEPS, ConfigValue, dashed, producers, recipe_key, table_entries
+from fedweigh.rules.base import WeightingRule
+from fedweigh.rules.dac import DACRule
+from fedweigh.rules.registry import RULES
+from fedweigh.settings import Settings, SettingsError, validate
 from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.deadline import Deadline
 from fedweigh.strategies.feddle import FeddleUpdate
@@ -242,7 +240,7 @@ class MethodStrategy(WeightedFedAvg):
         strategy = cls.__new__(cls)
         strategy.method = settings.strategy  # the method the settings name (a class of its own or not)
         rule = RULES[plan.rule].build(settings) if plan is not None else None
-        steps = plan.step_names if plan is not None else None
+        steps = plan.comma_list if plan is not None else None
         strategy._build(
             settings,
             aggregation=rule,

@@ -1,15 +1,13 @@
-"""FedNolowe (Le et al., PLOS ONE 2025) and its closest baseline, FedAsl.
+"""FedAsl (Talukder and Islam, 2022), the FedNolowe paper's closest baseline, as that paper's code runs it.
 
-FedNolowe weighs each client by its mean local training loss ``L_k`` alone
-(the sample counts ``n_k`` play no part): the losses are L1-normalised to
-shares, each share is subtracted from 1, and the result is L1-normalised
-again, ``p_k = (1 - L_k / sum_j L_j) / (K - 1)``. That is
-:func:`~fedweigh.rules.base.complement_share_weights` applied to
-``train_loss``, the same function U-Agg applies to uncertainty. The rule has
-no hyperparameters and keeps nothing across rounds. Clients train plainly;
-the generic training loop already reports ``train_loss`` as the paper defines
-it (each batch's mean cross-entropy before its step, times the batch size,
-summed over all local epochs, divided by epochs times samples).
+FedNolowe itself (Le et al., PLOS ONE 2025) weighs each client by its mean
+local training loss ``L_k`` alone: ``p_k = (1 - L_k / sum_j L_j) / (K - 1)``,
+:func:`~fedweigh.rules.base.complement_share_weights` on ``train_loss``
+(:class:`~fedweigh.rules.base.ComplementShareRule`), the same function U-Agg
+applies to uncertainty; it has no hyperparameters and keeps nothing across
+rounds, and the generic training loop reports ``train_loss`` as the paper
+defines it (each batch's mean cross-entropy before its step, times the batch
+size, summed over all local epochs, divided by epochs times samples).
 
 FedAsl (Talukder and Islam, 2022), as the FedNolowe paper's reference code
 runs it, favours losses near the round's *median* rather than low losses:
