@@ -200,7 +200,7 @@ GROUPS_LOST = pytest.StashKey[str]()
 
 # What each test does, as a marker (`pytest -m unit` runs in about a minute on 2 cores; pyproject.toml names
 # them): a test marked in its module keeps its marker; the others take their module's kind below, or `unit`.
-KINDS = ("unit", "sim", "deploy", "container")
+KINDS = ("unit", "sim", "deploy", "containers")
 SIM_MODULES = {
     # federated runs, in process (loopback) or through Flower, and whole pipelines on real data
     "test_simulation",
