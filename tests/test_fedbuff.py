@@ -317,7 +317,9 @@ def test_with_a_round_deadline_a_straggler_joins_the_buffer_of_a_later_round_at_
     )
     strategy = build_strategy(settings)
     clock = Clock()
-    grid = strategy.deadline_grid = DeadlineGrid(SlowFederation(clock), strategy.deadline, clock, clock.sleep)
+    grid = strategy.asynchrony.deadline_grid = DeadlineGrid(
+        SlowFederation(clock), strategy.deadline, clock, clock.sleep
+    )
     arrays = encode({"w": np.zeros(2, dtype=np.float32)})
     models, records = [], []
     for server_round in (1, 2, 3):

@@ -20,14 +20,12 @@ in the order a round runs them:
   client's weight and signals, the rule's diagnostics, the round's values.
 
 Asynchrony is a property of every strategy here, so that every arm of a
-comparison sees the same delays. In a simulation (``delay-std`` > 0) each
-valid reply is held back a seeded, half-normal number of rounds
-(:mod:`fedweigh.strategies.delays`); in a deployment (``round-deadline`` > 0)
-a round closes at its deadline and late replies join a later round
-(:mod:`fedweigh.strategies.deadline`). Either way a client is not sampled
-while its update is on its way, a late reply is applied relative to the
-model it started from, and one more than ``max-staleness`` rounds late is
-left out.
+comparison sees the same delays: its own object, :attr:`WeightedFedAvg.asynchrony`
+(:mod:`fedweigh.strategies.asynchrony`: updates held back in a simulation,
+rounds closing at a deadline in a deployment, whom not to sample, which
+models late updates still need), as the per-round values are
+(:class:`~fedweigh.strategies.schedules.Schedules`). So a round reads as
+sampling, instructions, then checks → rule → update → record.
 
 It keeps a ``round_offset`` so that a resumed run continues the round
 numbering, sampling and seeds of the original, and the global models that
@@ -64,13 +62,13 @@ from fedweigh.protocol import (
 from fedweigh.results import CLIENT_NUM_EXAMPLES
 from fedweigh.rules.base import RoundSignals, RuleOutcome, WeightingRule
 from fedweigh.strategies.aggregation import all_finite
-from fedweigh.strategies.deadline import Deadline, DeadlineGrid
-from fedweigh.strategies.delays import Dispatches, delay
+from fedweigh.strategies.asynchrony import Asynchrony
+from fedweigh.strategies.deadline import Deadline
 from fedweigh.strategies.grid_wrapper import GridWrapper
 from fedweigh.strategies.replies import ClientReply, valid_replies
 from fedweigh.strategies.robust import bound_update_norms
 from fedweigh.strategies.sampling import NodeDirectory, sample_nodes, sample_size
-from fedweigh.strategies.schedules import Schedule
+from fedweigh.strategies.schedules import Schedule, Schedules
 from fedweigh.strategies.updates import RoundUpdate, ServerUpdate, WeightedMean, as_current
 
 logger = logging.getLogger("flwr.fedweigh")
@@ -164,12 +162,9 @@ class WeightedFedAvg(FedAvg):
         self.rule = rule
         self.recipe = dict(recipe or {})
         self.update = update or WeightedMean()
-        self.schedules = list(schedules)
+        self.schedules = Schedules(schedules)
         self.max_staleness = max_staleness
-        self.delay_std = delay_std
-        self.deadline = deadline
-        self.deadline_grid: DeadlineGrid | None = None
-        self.dispatches = Dispatches()  # simulated asynchrony: clients whose update is on its way
+        self.asynchrony = Asynchrony(delay_std, deadline, max_staleness, seed)
         self.server_data = server_data
         self.seed = seed
         self.client_sampling = client_sampling
@@ -177,7 +172,6 @@ class WeightedFedAvg(FedAvg):
         self.frozen_digest = frozen_digest
         self.update_norm_bound = update_norm_bound
         self.faults = faults
-        self.pending_faults: dict[tuple[int, int], str] = {}  # (partition, round sampled) -> fault, while delayed
         self.directory = NodeDirectory()
         self.records: dict[int, RoundRecord] = {}
         self.global_models: dict[int, NamedArrays] = {}  # round -> the global model it sent
@@ -194,24 +188,28 @@ class WeightedFedAvg(FedAvg):
 
     @property
     def asynchronous(self) -> bool:
-        return self.delay_std > 0 or self.deadline is not None
+        return self.asynchrony.on
+
+    @property
+    def delay_std(self) -> float:
+        """σ (rounds) of the simulated delays (:attr:`asynchrony`)."""
+        return self.asynchrony.delay_std
+
+    @property
+    def deadline(self) -> Deadline | None:
+        """The training rounds' deadline (:attr:`asynchrony`), None for rounds that wait for every reply."""
+        return self.asynchrony.deadline
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, **kwargs: Any) -> Result:
         """Flower's ``Strategy.start``; with a round deadline, on a :class:`DeadlineGrid` around ``grid``."""
-        if self.deadline is not None:
-            self.deadline_grid = DeadlineGrid(grid, self.deadline)
-            grid = self.deadline_grid
+        grid = self.asynchrony.grid(grid)
         if isinstance(grid, GridWrapper):  # a wait that goes on names nodes with their partitions
             grid.set_node_label(self.directory.label)
         return super().start(grid, initial_arrays, num_rounds, **kwargs)
 
     def busy_nodes(self) -> set[int]:
         """Nodes whose update is still on its way: not to be sampled (spec: no re-sampling in flight)."""
-        busy = set(self.deadline_grid.busy_nodes()) if self.deadline_grid else set()
-        in_flight = self.dispatches.in_flight()
-        if in_flight:
-            busy |= {node for node, partition in self.directory.partition_of.items() if partition in in_flight}
-        return busy
+        return self.asynchrony.busy_nodes(self.directory)
 
     def _sample(
         self, grid: Grid, server_round: int, fraction: float, minimum: int, stream: int, busy: set[int] | None = None
@@ -227,10 +225,7 @@ class WeightedFedAvg(FedAvg):
 
     def round_values(self, server_round: int) -> dict[str, ConfigValue]:
         """The schedules' config entries for ``server_round``."""
-        values: dict[str, ConfigValue] = {}
-        for schedule in self.schedules:
-            values.update(schedule(server_round))
-        return values
+        return self.schedules(server_round)
 
     @property
     def checked_signals(self) -> tuple[str, ...]:
@@ -277,17 +272,7 @@ class WeightedFedAvg(FedAvg):
             for position, kind in self.faults.assign(current, record.sampled).items():
                 fault_of[chosen[position]] = kind
                 record.faults[str(record.sampled[position])] = kind
-        now = chosen
-        if self.delay_std > 0:
-            now = []
-            for node, partition in zip(chosen, record.sampled, strict=True):
-                late = delay(self.seed, current, partition, self.delay_std)
-                if late == 0:
-                    now.append(node)
-                else:
-                    self.dispatches.send(partition, current, current + late)
-                    if node in fault_of:
-                        self.pending_faults[(partition, current)] = fault_of[node]
+        now = self.asynchrony.hold_back(current, chosen, record.sampled, fault_of)
         self._sent = self._instructions(now, current, arrays, config, fault_of)
         if self.delay_std > 0:
             self._sent += self._arrivals(current, config, record)
@@ -323,48 +308,18 @@ class WeightedFedAvg(FedAvg):
 
     def _arrivals(self, current: int, config: ConfigRecord, record: RoundRecord) -> list[Message]:
         """Instructions for the clients sampled earlier whose update arrives now (simulated delays)."""
-        node_of = {partition: node for node, partition in self.directory.partition_of.items()}
-        connected = set(self.directory.connected)
-        by_round: dict[int, list[int]] = {}
-        faults: dict[int, str] = {}
-        for dispatch in self.dispatches.arriving(current):
-            late = current - dispatch.round
-            node = node_of.get(dispatch.partition)
-            fault = self.pending_faults.pop((dispatch.partition, dispatch.round), "")
-            if fault and node is not None:
-                faults[node] = fault
-            if late > self.max_staleness:
-                why = (
-                    f"its update arrives {late} rounds after it was sent; "
-                    f"accepted: at most max-staleness = {self.max_staleness}"
-                )
-            elif node is None or node not in connected:
-                why = "the node left the federation before its update arrived"
-            else:
-                by_round.setdefault(dispatch.round, []).append(node)
-                continue
-            logger.warning("round %d: left out partition %d: %s", current, dispatch.partition, why)
-            record.left_out[str(dispatch.partition)] = why
+        arrived = self.asynchrony.arrivals(current, self.directory)
+        record.left_out.update(arrived.left_out)
         messages = []
-        for model_round, nodes in sorted(by_round.items()):
-            messages += self._instructions(nodes, model_round, encode(self.global_models[model_round]), config, faults)
+        for model_round, nodes in sorted(arrived.by_round.items()):
+            messages += self._instructions(
+                nodes, model_round, encode(self.global_models[model_round]), config, arrived.faults
+            )
         return messages
 
     def _forget_unneeded_models(self, current: int) -> None:
-        """Keep the global models an update may still be applied against; forget the rest.
-
-        Synchronously: the last ``max_staleness`` rounds'. Asynchronously: the
-        ones updates on their way started from (never older than
-        ``max_staleness`` rounds), and this round's.
-        """
-        oldest = current - self.max_staleness
-        if self.asynchronous:
-            needed = self.dispatches.rounds()
-            if self.deadline_grid is not None:
-                needed |= set(range(oldest, current + 1))  # replies in flight name their round only on arrival
-            keep = {r for r in needed if r >= oldest} | {current}
-        else:
-            keep = {r for r in self.global_models if r >= oldest}
+        """Keep the global models an update may still be applied against (:meth:`Asynchrony.rounds_to_keep`)."""
+        keep = self.asynchrony.rounds_to_keep(current, list(self.global_models))
         for old in [r for r in self.global_models if r not in keep]:
             del self.global_models[old]
 
@@ -394,14 +349,14 @@ class WeightedFedAvg(FedAvg):
             raise RuntimeError(f"round {current} is aggregated but was never configured")
         replies = list(replies)
         sent = {m.metadata.message_id: m.metadata.dst_node_id for m in self._sent if m.metadata.message_id}
-        origin = {**(self.deadline_grid.origins() if self.deadline_grid else {}), **sent}
+        origin = {**self.asynchrony.origins(), **sent}
         oldest = min(self.global_models)  # configure_train keeps the models replies may still need
         accepted, rejected = valid_replies(current, replies, reference, self.checked_signals, origin, oldest)
-        if self.deadline_grid is None:
+        if self.asynchrony.deadline_grid is None:
             rejected.update(_unanswered(current, sent, replies))
         record.left_out.update({str(self.directory.partition_of.get(n, n)): why for n, why in rejected.items()})
         record.excluded = len(record.left_out)
-        record.in_flight = self._in_flight_partitions()
+        record.in_flight = self.asynchrony.in_flight(self.directory)
         if not accepted and self.update.needs_clients:
             self._account_memory(current, record)
             if self.asynchronous:
@@ -478,11 +433,6 @@ class WeightedFedAvg(FedAvg):
             metrics[TRAIN_LOSS] = float(np.dot(sizes, [r.train_loss for r in accepted]) / sizes.sum())
         return encode(averaged), MetricRecord(metrics)
 
-    def _in_flight_partitions(self) -> list[int]:
-        nodes = self.deadline_grid.busy_nodes() if self.deadline_grid else set()
-        partitions = self.dispatches.in_flight() | {self.directory.partition_of.get(node, -1) for node in nodes}
-        return sorted(partitions)
-
     def _account_memory(self, current: int, record: RoundRecord) -> None:
         """Forget the global models no update needs any more; record how many the server holds, and their size."""
         if not self.asynchronous:
@@ -509,18 +459,13 @@ class WeightedFedAvg(FedAvg):
         latest = max(self.global_models, default=0)
         needed = {r: dict(m) for r, m in self.global_models.items() if r >= latest + 1 - self.max_staleness}
         state: dict[str, Any] = {"rule": self.rule.state(), "update": self.update.state(), "global_models": needed}
-        if len(self.dispatches):
-            state["dispatches"] = self.dispatches.state()
-        if self.pending_faults:
-            state["pending-faults"] = [[p, r, kind] for (p, r), kind in sorted(self.pending_faults.items())]
-        return state
+        return {**state, **self.asynchrony.state()}
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         self.rule.load_state(state.get("rule", {}))
         self.update.load_state(state.get("update", {}))
         self.global_models.update({int(r): dict(m) for r, m in state.get("global_models", {}).items()})
-        self.dispatches.load_state(state.get("dispatches", []))
-        self.pending_faults = {(int(p), int(r)): str(kind) for p, r, kind in state.get("pending-faults", [])}
+        self.asynchrony.load_state(state)
 
 
 def _nbytes(arrays: NamedArrays) -> int:

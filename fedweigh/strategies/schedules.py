@@ -119,5 +119,19 @@ def pseudo_ood_weight_schedule(settings: Settings) -> Schedule:
     return PseudoOODWeight(options.a, options.halt_round, options.schedule, options.lag)
 
 
+class Schedules(tuple[Schedule, ...]):
+    """A strategy's schedules: ``schedules(t)`` is every one's config entries for round t, later ones winning.
+
+    >>> Schedules([LearningRateDecay(0.1, 0.5), PseudoOODWeight(2.0, 4, shape="linear")])(3)
+    {'learning-rate': 0.025, 'asw-lambda': 2.0}
+    """
+
+    def __call__(self, server_round: int) -> dict[str, ConfigValue]:
+        values: dict[str, ConfigValue] = {}
+        for schedule in self:
+            values.update(schedule(server_round))
+        return values
+
+
 STEP_SCHEDULES: dict[str, Callable[[Settings], Schedule]] = {"asw": pseudo_ood_weight_schedule}
 """The schedules a client step needs from the server, by step name."""
