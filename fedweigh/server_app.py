@@ -35,7 +35,6 @@ from fedweigh.results import (
     FINAL_U_ABOVE_1,
     FINAL_U_P95,
     TOP5_ACCURACY,
-    WAIT_SECONDS,
     WEIGHTED_F1,
     Checkpoint,
     CheckpointWriter,
@@ -45,7 +44,7 @@ from fedweigh.results import (
 )
 from fedweigh.run_folder import ROUNDS_NOT_AGGREGATED
 from fedweigh.settings import Settings, SettingsError
-from fedweigh.strategies.base import WeightedFedAvg
+from fedweigh.strategies.base import RoundRecord, WeightedFedAvg
 from fedweigh.strategies.build import build_strategy
 from fedweigh.strategies.replay import ReplayGrid
 from fedweigh.strategies.sampling import NodeDirectory
@@ -98,20 +97,12 @@ def central_evaluation(
             if math.isfinite(result.top5_accuracy):  # at least TOP_K classes
                 row[TOP5_ACCURACY] = result.top5_accuracy
         row.update(round_train_loss(clients))
-        row.update(
-            {
-                "sampled": record.sampled if record else [],
-                "clients": clients,
-                "left_out": record.left_out if record else {},
-                "aggregated": record.aggregated if record else False,
-                "in_flight": record.in_flight if record else [],
-                "excluded": record.excluded if record else 0,
-                WAIT_SECONDS: record.wait_seconds if record else None,
-                "diagnostics": record.diagnostics if record else {},
-            }
-        )
-        if record and record.faults:  # fault injection: who was told to commit which fault
-            row["faults"] = record.faults
+        fields = (record or RoundRecord(round=current)).to_dict()
+        fields.pop("round")
+        faults = fields.pop("faults")
+        row.update(fields)
+        if faults:  # fault injection: who was told to commit which fault
+            row["faults"] = faults
         recorder.record_round(row, settings.num_server_rounds)
         checkpoints.save(Checkpoint(current, decode(arrays), strategy.state()))
         return None if result is None else MetricRecord({"accuracy": result.accuracy, "loss": result.loss})

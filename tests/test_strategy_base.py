@@ -205,3 +205,11 @@ def test_aggregation_does_not_depend_on_reply_order():
     backward, _ = strategy.aggregate_train(1, list(reversed(replies([10, 30, 60]))))
     for name, value in decode(forward).items():
         np.testing.assert_array_equal(decode(backward)[name], value)
+
+
+def test_a_round_record_is_the_metrics_row_under_the_keys_readers_use():
+    from fedweigh.results import WAIT_SECONDS
+    from fedweigh.strategies.base import RoundRecord
+
+    fields = RoundRecord(round=1).to_dict()
+    assert WAIT_SECONDS in fields and {"sampled", "clients", "left_out", "aggregated", "in_flight"} <= set(fields)
