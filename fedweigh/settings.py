@@ -124,7 +124,7 @@ TRACKERS = ("tensorboard", "mlflow")
 
 
 class Settings(OptionsTable):
-    """Every setting of a run; see the README for what each one does."""
+    """Every setting of a run; docs/guide.md (Settings) says what each one does."""
 
     # run
     strategy: str = "fedavg"
@@ -445,7 +445,7 @@ def setting_names() -> list[str]:
 def _accepted_keys(key: str) -> str:
     close = difflib.get_close_matches(key, setting_names(), n=1)
     hint = f"; did you mean {close[0]}?" if close else ""
-    return f"accepted: the keys of the app's [tool.flwr.app.config] (README: Settings){hint}"
+    return f"accepted: the keys of the app's [tool.flwr.app.config] (docs/guide.md: Settings){hint}"
 
 
 def _shown(value: Any, limit: int = 80) -> str:

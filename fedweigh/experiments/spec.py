@@ -272,7 +272,7 @@ def _describe_location(location: tuple[Any, ...], raw: Mapping[str, Any]) -> str
 def _accepted_keys(key: str, app_defaults: Mapping[str, Any]) -> str:
     close = difflib.get_close_matches(key, list(app_defaults), n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
-    return f"accepted: the keys of the app's [tool.flwr.app.config] (README: Settings){hint}"
+    return f"accepted: the keys of the app's [tool.flwr.app.config] (docs/guide.md: Settings){hint}"
 
 
 def _schema_problems(err: ValidationError, raw: Mapping[str, Any]) -> list[str]:
@@ -404,7 +404,7 @@ def load_experiment(
         if unknown:
             raise ExperimentError(
                 f"--set {', '.join(unknown)}: unknown run-config key; accepted: the keys of the app's "
-                "[tool.flwr.app.config] (README: Settings)"
+                "[tool.flwr.app.config] (docs/guide.md: Settings)"
             )
         raw["base"] = {**raw.get("base", {}), **settings} if isinstance(raw.get("base", {}), Mapping) else raw["base"]
         if isinstance(raw.get("arms"), list):

@@ -94,7 +94,8 @@ def build_run_config_arg(run_config: Mapping[str, Any]) -> str:
     for key, value in run_config.items():
         if not key or any(c.isspace() for c in key) or "=" in key:
             raise ValueError(
-                f"invalid run-config key: {key!r}; accepted: a setting's name, without spaces or '=' (README: Settings)"
+                f"invalid run-config key: {key!r}; accepted: a setting's name, without spaces or '=' "
+                "(docs/guide.md: Settings)"
             )
         try:
             parts.append(f"{key}={format_toml_value(value)}")
@@ -261,11 +262,12 @@ def unknown_key_message(key: str, app_defaults: Mapping[str, Any]) -> str:
 
     >>> unknown_key_message("num-server-round", {"num-server-rounds": 5, "seed": 1})
     "unknown setting 'num-server-round' (did you mean num-server-rounds?); accepted: the keys of the app's \
-[tool.flwr.app.config] (README: Settings)"
+[tool.flwr.app.config] (docs/guide.md: Settings)"
     """
     close = difflib.get_close_matches(key, list(app_defaults), n=3, cutoff=0.6)
     hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-    return f"unknown setting {key!r}{hint}; accepted: the keys of the app's [tool.flwr.app.config] (README: Settings)"
+    accepted = "the keys of the app's [tool.flwr.app.config] (docs/guide.md: Settings)"
+    return f"unknown setting {key!r}{hint}; accepted: {accepted}"
 
 
 def _resumed(cfg: dict[str, Any], app_defaults: Mapping[str, Any], cwd: Path) -> dict[str, Any]:
