@@ -1,8 +1,9 @@
 """FLood's client half: OOD scores of the logits, adaptive sample weighting (ASW), the client's OOD score φ.
 
-The FLood paper (``../papers/000_bfdd1708611d91da.txt``, spec ``specs/flood.md``
-§2) treats the samples a client's model is least confident about as
-pseudo out-of-distribution and weighs them by λ(t) in the loss:
+The FLood paper (Ling et al., "Adaptive Dual-Weighting Framework for Federated
+Learning via Out-of-Distribution Detection", spec ``specs/flood.md`` §2)
+treats the samples a client's model is least confident about as pseudo
+out-of-distribution and weighs them by λ(t) in the loss:
 
 * **scores** of the logits, "higher = more in-distribution" (§2.1):
   :func:`energy_score` ``T · logsumexp(z / T)`` (the default), :func:`msp_score`,

@@ -1,12 +1,13 @@
 """FedOUI's client half: the OUI of the trained model on a fixed probe batch.
 
-The FedOUI paper (``../papers/004_75a76cd2df97b857.txt``, spec
-``specs/fedoui.md`` §2-§3) measures the **OUI** (Overfitting-Underfitting
-Indicator) of a batch of pre-activations, :func:`oui` (paper Eqs. 1-4). The
-client step ``"oui"`` (:class:`OUIProbe`) runs, after local training, one
-no-grad, eval-mode forward pass of the trained model over a fixed per-client
-probe batch, with a hook on the model's ``probe_layer``, and reports the
-``oui`` signal. The server's rule is :mod:`fedweigh.rules.fedoui`.
+The FedOUI paper (Fernández-Hernández et al., "FedOUI: OUI-Guided Client
+Weighting for Federated Aggregation", spec ``specs/fedoui.md`` §2-§3) measures
+the **OUI** (Overfitting-Underfitting Indicator) of a batch of
+pre-activations, :func:`oui` (paper Eqs. 1-4). The client step ``"oui"``
+(:class:`OUIProbe`) runs, after local training, one no-grad, eval-mode forward
+pass of the trained model over a fixed per-client probe batch, with a hook on
+the model's ``probe_layer``, and reports the ``oui`` signal. The server's rule
+is :mod:`fedweigh.rules.fedoui`.
 
 Example
 -------

@@ -1,7 +1,8 @@
 """UFL's client half: MC-dropout sample uncertainty and uncertainty-weighted local training.
 
-The client side of the UFL paper (``../papers/003_6e90b427ee555b8a.txt``,
-spec ``specs/ufl.md``); the server's U-Agg is :mod:`fedweigh.rules.uagg`:
+The client side of the UFL paper ("UFL: Uncertainty-Driven Federated
+Learning", spec ``specs/ufl.md``); the server's U-Agg is
+:mod:`fedweigh.rules.uagg`:
 
 * the **per-sample uncertainty** ``u_i = -log max(p̄_{i,y_i}, eps)`` of the
   received global model, where ``p̄_i`` is the mean of ``N`` Monte Carlo

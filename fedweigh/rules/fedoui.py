@@ -1,14 +1,14 @@
 """FedOUI's server half: a Beta fit of the round's OUIs, typicality scores, weights.
 
-The FedOUI paper (``../papers/004_75a76cd2df97b857.txt``, spec
-``specs/fedoui.md`` §4) weighs each client by how typical its OUI is among
-the round's: a Beta distribution fitted to the OUI values (method of moments
-with the unbiased variance; Beta MLE, then rank percentiles as fallbacks),
-a bilateral typicality score ``s_k = 2 min(F(o_k), 1 - F(o_k))`` and weights
-``w_k ∝ max(n_k, 1)^rho (max(s_k, 0) + eps)^gamma``
-(:func:`~fedweigh.rules.base.score_weights`): :func:`fedoui_weights` and
-:class:`OUIBetaRule`. The OUI itself is measured by the clients
-(:mod:`fedweigh.client.oui`) and arrives as the ``oui`` signal.
+The FedOUI paper (Fernández-Hernández et al., "FedOUI: OUI-Guided Client
+Weighting for Federated Aggregation", spec ``specs/fedoui.md`` §4) weighs each
+client by how typical its OUI is among the round's: a Beta distribution fitted
+to the OUI values (method of moments with the unbiased variance; Beta MLE,
+then rank percentiles as fallbacks), a bilateral typicality score ``s_k = 2
+min(F(o_k), 1 - F(o_k))`` and weights ``w_k ∝ max(n_k, 1)^rho (max(s_k, 0) +
+eps)^gamma`` (:func:`~fedweigh.rules.base.score_weights`):
+:func:`fedoui_weights` and :class:`OUIBetaRule`. The OUI itself is measured by
+the clients (:mod:`fedweigh.client.oui`) and arrives as the ``oui`` signal.
 
 Example
 -------

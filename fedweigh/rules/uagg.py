@@ -1,13 +1,13 @@
 """U-Agg, UFL's server half: weights fall as a client's share of the round's uncertainty grows.
 
-UFL (``../papers/003_6e90b427ee555b8a.txt``, spec ``specs/ufl.md`` §3) weighs
-client k by ``w_k = (1 - U_k / Σ_j U_j) / (K - 1)``, with ``U_k`` the summed
-uncertainty of its selected samples (the ``uncertainty`` signal, measured by
-the ``ufl`` client step, :mod:`fedweigh.client.ufl`). That is
-:class:`~fedweigh.rules.base.ComplementShareRule` on ``uncertainty``, the
-rule FedNolowe applies to losses. Options (``[uagg]``): the per-sample mean
-``U_k / m_k`` instead of the sum (``signal = "mean"``), and FedAvg's size
-factor kept (``size-aware``, spec A13): ``w_k ∝ n_k (1 - Û_k)``.
+UFL ("UFL: Uncertainty-Driven Federated Learning", spec ``specs/ufl.md`` §3)
+weighs client k by ``w_k = (1 - U_k / Σ_j U_j) / (K - 1)``, with ``U_k`` the
+summed uncertainty of its selected samples (the ``uncertainty`` signal,
+measured by the ``ufl`` client step, :mod:`fedweigh.client.ufl`). That is
+:class:`~fedweigh.rules.base.ComplementShareRule` on ``uncertainty``, the rule
+FedNolowe applies to losses. Options (``[uagg]``): the per-sample mean ``U_k /
+m_k`` instead of the sum (``signal = "mean"``), and FedAvg's size factor kept
+(``size-aware``, spec A13): ``w_k ∝ n_k (1 - Û_k)``.
 
 Example
 -------

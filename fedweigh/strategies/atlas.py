@@ -1,9 +1,10 @@
 """Feddle's model atlas: a bounded buffer of client updates, their importance, and merging coefficients.
 
-The Feddle paper (``../papers/001_3b2bec8be814e2d8.txt``, spec
-``specs/feddle.md`` §3.2-3.4, §3.7) keeps at most M client deltas
-("anchors") and merges them into the global model with coefficients searched
-on server-held data. This module holds the pieces that do not need a model:
+The Feddle paper (Zhu et al., "Guided Model Merging for Hybrid Data Learning:
+Leveraging Centralized Data to Refine Decentralized Models", spec
+``specs/feddle.md`` §3.2-3.4, §3.7) keeps at most M client deltas ("anchors")
+and merges them into the global model with coefficients searched on
+server-held data. This module holds the pieces that do not need a model:
 
 * :class:`ModelAtlas`: the anchors (flattened trainable parameters), their
   importance scores ``|ĉ|``, which are new since the last search, and where

@@ -1,6 +1,7 @@
 """Feddle's server step: merge the model atlas with coefficients searched on the server's data.
 
-The Feddle paper (``../papers/001_3b2bec8be814e2d8.txt``; spec
+The Feddle paper (Zhu et al., "Guided Model Merging for Hybrid Data Learning:
+Leveraging Centralized Data to Refine Decentralized Models"; spec
 ``specs/feddle.md`` §3) leaves the clients as plain local trainers and puts
 the whole method on the server. Each round, :class:`FeddleUpdate`:
 
