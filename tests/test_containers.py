@@ -125,9 +125,12 @@ def project(images, tmp_path_factory) -> Iterator[Project]:
     project = Project(tmp_path_factory.mktemp("containers"))
     with step("certificates and keys (make-certificates.sh -c 3, make-supernode-keys.sh -c 3, chown)"):
         project.prepare(extra_keys=[STRANGER])
+    load = [os.getloadavg()[0]]
     yield project
     if path := os.environ.get(TIMINGS_ENV):
-        Path(path).write_text(json.dumps({"images": images.splitlines(), "steps": STEPS}, indent=1) + "\n")
+        load.append(os.getloadavg()[0])  # other work on the machine slows every step
+        report = {"images": images.splitlines(), "steps": STEPS, "load_average_1m_before_after": load}
+        Path(path).write_text(json.dumps(report, indent=1) + "\n")
 
 
 @pytest.fixture(scope="module")
