@@ -1,20 +1,30 @@
-# syntax=docker/dockerfile:1
-#
 # The fedweigh app image: Flower's official SuperExec image at the Flower
 # version this project pins, plus the app's dependencies, installed here at
 # build time (a SuperExec never installs anything at run time).
 #
 # The app's own code is not copied in: every `flwr run` ships it to the
 # SuperLink and SuperNodes as a FAB, so a code change needs no rebuild; a
-# change of dependencies in pyproject.toml does.
+# change of dependencies in pyproject.toml does. Only the dependency list
+# reaches the install step (the first stage extracts it), so a change to
+# pyproject.toml elsewhere (the app's run-config defaults, say) leaves the
+# installed layer to Docker's build cache.
 #
 #   docker build -t fedweigh-superexec:1.41.0 .                        # CPU wheels
 #   docker build -t fedweigh-superexec:1.41.0-cuda \
 #       --build-arg TORCH_INDEX_URL= --build-arg FLWR_EXTRAS=simulation .  # CUDA wheels, Ray
 #
-# docker-compose*.yml build it for you.
+# docker-compose*.yml build it for you. Where Flower's images cannot be pulled,
+# deploy/build-images.sh builds stand-ins and this image (docs/deployment.md).
 
 ARG FLWR_VERSION=1.41.0
+
+# Every [project] dependency except flwr itself, which the base image already
+# has at the pinned version (reinstalling it could change it).
+FROM flwr/superexec:${FLWR_VERSION} AS requirements
+WORKDIR /app
+COPY pyproject.toml ./
+RUN python -c "import re, tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if not re.match(r'flwr\s*[\[<>=~!]', d)))" > requirements.txt
+
 FROM flwr/superexec:${FLWR_VERSION}
 ARG FLWR_VERSION
 
@@ -31,12 +41,9 @@ ENV PYTHONUNBUFFERED=1 \
     MALLOC_ARENA_MAX=1
 
 WORKDIR /app
-COPY --chown=app:app pyproject.toml ./
+COPY --chown=app:app --from=requirements /app/requirements.txt ./
 
-# Every [project] dependency except flwr itself, which the base image already
-# has at the pinned version (reinstalling it could change it).
-RUN python -c "import re, tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if not re.match(r'flwr\s*[\[<>=~!]', d)))" > requirements.txt \
-    && if [ -n "$TORCH_INDEX_URL" ]; then \
+RUN if [ -n "$TORCH_INDEX_URL" ]; then \
          python -m pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" $(grep -E '^(torch|torchvision)[=<>~ ]' requirements.txt); \
        fi \
     && if [ -n "$FLWR_EXTRAS" ]; then \
@@ -46,10 +53,14 @@ RUN python -c "import re, tomllib; deps = tomllib.load(open('pyproject.toml', 'r
     && python -c "import flwr, torch; assert flwr.__version__ == '${FLWR_VERSION}', flwr.__version__; print('flwr', flwr.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda)" \
     && mkdir -p /app/outputs /app/data "$HF_HOME"
 
-# fedweigh-superexec (fedweigh/resident.py, which imports only Flower): the
-# SuperExec that keeps one ClientApp process per site (docker-compose.resident.yml).
+# fedweigh-superexec (fedweigh/resident.py) and fedweigh-supernode
+# (fedweigh/supernode.py), each a file that imports only Flower: the SuperExec
+# that keeps one ClientApp process per site, and the SuperNode that asks for its
+# next message without Flower's 3 s wait (docker-compose.resident.yml).
 COPY --chown=app:app fedweigh/resident.py /app/bin/fedweigh_resident.py
+COPY --chown=app:app fedweigh/supernode.py /app/bin/fedweigh_supernode.py
 RUN printf '#!/bin/sh\nexec python /app/bin/fedweigh_resident.py "$@"\n' > /app/bin/fedweigh-superexec \
-    && chmod +x /app/bin/fedweigh-superexec
+    && printf '#!/bin/sh\nexec python /app/bin/fedweigh_supernode.py "$@"\n' > /app/bin/fedweigh-supernode \
+    && chmod +x /app/bin/fedweigh-superexec /app/bin/fedweigh-supernode
 
 ENTRYPOINT ["flower-superexec"]

@@ -127,6 +127,24 @@ def pull_task_input(client: Any, *, max_time: float, cancelled: threading.Event)
     return message, context, run, fab
 
 
+def refusal_ends_the_task(retry: Any) -> Any:
+    """Flower's HTTP retry invoker for a task's Runtime API client, except that a refused task token (HTTP 401)
+    ends the call with its error: Flower's raises SIGINT, which ends a ``flwr-clientapp`` process but would end this
+    SuperExec (and, in a container, leave the site without one: it exits 0, which ``restart: on-failure`` ignores).
+    Returns ``retry``."""
+    import httpx
+
+    flower_gives_up = retry.should_giveup
+
+    def gives_up(exc: Exception) -> bool:
+        if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code == httpx.codes.UNAUTHORIZED:
+            return True
+        return flower_gives_up(exc)
+
+    retry.should_giveup = gives_up
+    return retry
+
+
 def task_heartbeat(client: Any, cancelled: threading.Event) -> Any:
     """Flower's task heartbeat for ``HeartbeatSender``, except that a task the SuperNode no longer accepts is
     marked ``cancelled``: Flower's raises SIGINT, which ends a ``flwr-clientapp`` process but would end this
@@ -142,6 +160,9 @@ def task_heartbeat(client: Any, cancelled: threading.Event) -> Any:
         except httpx.HTTPStatusError as err:
             if err.response.status_code in (httpx.codes.SERVICE_UNAVAILABLE, httpx.codes.GATEWAY_TIMEOUT):
                 return False
+            if err.response.status_code == httpx.codes.UNAUTHORIZED:  # the task's token is no longer accepted
+                cancelled.set()
+                return True
             raise
         if not res.success:
             cancelled.set()
@@ -230,7 +251,7 @@ class ResidentExecutor:
         from flwr.supercore.runtime.tracing import RuntimeTracingInterceptor
         from flwr.supercore.tls import validate_and_resolve_root_certificates
 
-        retry = make_simple_http_retry_invoker()
+        retry = refusal_ends_the_task(make_simple_http_retry_invoker())
         client = RuntimeHttpClient.from_server_address(
             server_address=spec.runtime_api_address,
             insecure=spec.insecure,
@@ -286,12 +307,12 @@ class ResidentExecutor:
                 if reply is not None and context is not None and not cancelled.is_set():
                     push_message(client, reply, context)
             finally:
+                if heartbeat.is_running:  # before the task's end: a beat after it would be refused (HTTP 401)
+                    heartbeat.stop()
                 retry.max_tries = 1  # as flwr-clientapp on exit: the task's end is reported once, not retried forever
                 try:
                     push_task_output(client=client, context=context, sub_status=sub_status, details=details)
                 finally:
-                    if heartbeat.is_running:
-                        heartbeat.stop()
                     client.close()
 
     def _client_app(self, run: Any, fab: Any) -> Any:

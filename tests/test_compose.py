@@ -37,6 +37,12 @@ BIN = Path(sys.executable).parent
 FILES = {"base": "docker-compose.yml", "gpu": "docker-compose.gpu.yml", "resident": "docker-compose.resident.yml"}
 VARIANTS = {"base": ["base"], "gpu": ["base", "gpu"], "resident": ["base", "resident"]}
 FLOWER_IMAGES = {"flwr/superlink": "flower-superlink", "flwr/supernode": "flower-supernode"}
+FEDWEIGH_PROCESSES = {
+    "fedweigh-superexec": ("resident.py", "fedweigh_resident.py"),
+    "fedweigh-supernode": ("supernode.py", "fedweigh_supernode.py"),
+}
+"""fedweigh's own site processes (Flower's CLIs with fedweigh's changes): each one file of fedweigh/, and its name in
+the image's /app/bin."""
 _VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
 # Compose merges an overlay's volumes into the base's by container path; command
 # and entrypoint it replaces whole. (Ports it appends, so overlays here add none.)
@@ -182,7 +188,7 @@ def test_compose_file_parses_and_overlays_only_known_services(name):
 def test_every_flag_exists_in_the_installed_flower_cli(name):
     for service, body in services(name).items():
         cli = cli_of(body)
-        assert cli in {"flower-superlink", "flower-supernode", "flower-superexec", "fedweigh-superexec"}, service
+        assert cli in {"flower-superlink", "flower-supernode", "flower-superexec", *FEDWEIGH_PROCESSES}, service
         known = cli_options(cli)
         for flag in (arg for arg in command(body) if arg.startswith("--")):
             assert flag in known, f"{service}: {cli} has no {flag}"
@@ -421,27 +427,35 @@ def test_gpu_variant_reserves_gpus_for_every_clientapp(made_by_scripts):
     assert config["superlink"]["image"] == f"flwr/superlink:{FLOWER}"  # the GPU file leaves the SuperLink alone
 
 
-def test_resident_variant_keeps_one_clientapp_process_per_site():
-    """docker-compose.resident.yml: each site's SuperExec is fedweigh-superexec, which the image holds as one file."""
+def test_resident_variant_runs_fedweigh_s_site_processes_from_the_app_image():
+    """docker-compose.resident.yml: each site's SuperExec is fedweigh-superexec and its SuperNode fedweigh-supernode,
+    both from the app image, which holds each as one file."""
     config = services("resident")
+    app = load("base")["x-app"]
     for node in supernodes(config):
         superexec = config[f"superexec-clientapp-{node.split('-')[1]}"]
         assert cli_of(superexec) == "fedweigh-superexec"
         assert option(superexec, "--runtime-api-address") == f"{node}:9094"  # its own SuperNode, as in the base
         assert option(config[node], "--isolation") == "process"  # so the SuperNode starts no SuperExec of its own
+        assert cli_of(config[node]) == "fedweigh-supernode"
+        assert (config[node]["image"], config[node]["build"]) == (interpolate(app["image"]), interpolate(app["build"]))
     dockerfile = (REPO / "Dockerfile").read_text()
-    assert "COPY --chown=app:app fedweigh/resident.py /app/bin/fedweigh_resident.py" in dockerfile
-    assert "exec python /app/bin/fedweigh_resident.py" in dockerfile and "/app/bin/fedweigh-superexec" in dockerfile
-    assert "!fedweigh/resident.py" in (REPO / ".dockerignore").read_text().splitlines()
-    # The image has Flower (with what Flower itself requires) and the app's dependencies, not the app: the file must
-    # stand alone, importing only Flower, Flower's own requirements (httpx, its Runtime API client) and the stdlib.
-    tree = ast.parse((REPO / "fedweigh" / "resident.py").read_text())
-    nodes = list(ast.walk(tree))
-    imported = {alias.name.split(".")[0] for n in nodes if isinstance(n, ast.Import) for alias in n.names}
-    imported |= {n.module.split(".")[0] for n in nodes if isinstance(n, ast.ImportFrom) and n.module}
-    flower_requires = {re.split(r"[ <>=!~;\[]", r)[0] for r in importlib.metadata.requires("flwr") if "extra" not in r}
-    assert "httpx" in flower_requires
-    assert imported <= {"__future__", "flwr", *flower_requires, *sys.stdlib_module_names}, imported
+    for program, (source, name) in FEDWEIGH_PROCESSES.items():
+        copy = f"/app/bin/{name}"
+        assert f"COPY --chown=app:app fedweigh/{source} {copy}" in dockerfile
+        assert f"exec python {copy}" in dockerfile and f"/app/bin/{program}" in dockerfile
+        assert f"!fedweigh/{source}" in (REPO / ".dockerignore").read_text().splitlines()
+        # The image has Flower (with what Flower itself requires) and the app's dependencies, not the app: the file
+        # must stand alone, importing only Flower, Flower's own requirements (httpx, its Runtime API client) and the
+        # standard library.
+        tree = ast.parse((REPO / "fedweigh" / source).read_text())
+        nodes = list(ast.walk(tree))
+        imported = {alias.name.split(".")[0] for n in nodes if isinstance(n, ast.Import) for alias in n.names}
+        imported |= {n.module.split(".")[0] for n in nodes if isinstance(n, ast.ImportFrom) and n.module}
+        requires = importlib.metadata.requires("flwr")
+        flower_requires = {re.split(r"[ <>=!~;\[]", r)[0] for r in requires if "extra" not in r}
+        assert "httpx" in flower_requires
+        assert imported <= {"__future__", "flwr", *flower_requires, *sys.stdlib_module_names}, (source, imported)
 
 
 def test_the_image_sets_the_process_environment_fedweighs_launchers_set():

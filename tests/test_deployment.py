@@ -11,8 +11,9 @@ host of its own. Where namespaces are not permitted the same topology runs on
 127.0.0.1 and the test says so with a :class:`LoopbackFallbackWarning`.
 
 supernode-1 and supernode-2 keep one long-running ClientApp each
-(``fedweigh-superexec``, ``--isolation process``); supernode-3 runs Flower's
-default, a ClientApp process per message.
+(``fedweigh-superexec``, ``--isolation process``) and ask for their messages
+promptly (``fedweigh-supernode``); supernode-3 runs Flower's default, a
+ClientApp process per message and Flower's SuperNode.
 
 Order matters and pytest keeps it, and later tests build on earlier ones:
 
@@ -76,9 +77,10 @@ ROGUE = "rogue"  # a second SuperLink, with a certificate from the CA for anothe
 MISLED = "misled"  # a SuperNode that trusts the CA, pointed at the rogue SuperLink
 SLOW = "slow"  # registered; replies 12 s after training, like a slow device
 KEYS = [*SUPERNODES, STRANGER, NO_CA, MISLED, SLOW]
-# Two sites keep one long-running ClientApp (fedweigh-superexec beside a SuperNode with --isolation process); the
-# third runs Flower's default, a flwr-clientapp process per message. A federation may mix them, and the ClientApp
-# process that supernode-3 starts for each message is also what leaves time to kill it, or the ServerApp, mid-round.
+# Two sites keep one long-running ClientApp (fedweigh-superexec beside a SuperNode with --isolation process) and run
+# fedweigh-supernode (no 3 s wait for the next message); the third runs Flower's default, a flwr-clientapp process
+# per message. A federation may mix them, and the ClientApp process that supernode-3 starts for each message is
+# also what leaves time to kill it, or the ServerApp, mid-round.
 RESIDENT = ("supernode-1", "supernode-2")
 RUN = {"strategy": "fedoui", "dataset": "digits", "seed": 2, "fraction-train": 1.0, "min-train-nodes": 2}
 RESULT_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "model.pt", "summary.json")
@@ -111,7 +113,7 @@ def federation(tmp_path_factory):
         for name in [*SUPERNODES, NO_CA]:
             fed.register(name)
         for index, name in enumerate(SUPERNODES):
-            fed.start_supernode(name, name, partition(index), resident=name in RESIDENT)
+            fed.start_supernode(name, name, partition(index), resident=name in RESIDENT, prompt=name in RESIDENT)
         for name in SUPERNODES:
             fed.supernodes[name].wait_for(r"SuperNode ID: \d+", timeout=180)
         yield fed
@@ -204,6 +206,10 @@ def test_federation_is_up_with_tls_and_every_node_authenticated(federation):
     assert [states[federation.node_ids[name]] for name in SUPERNODES] == ["online"] * 3
     assert superexec_tls(federation, None) == ["--root-certificates"]  # the ServerApps' SuperExec
     assert sorted(federation.superexecs) == sorted(RESIDENT)
+    for name in SUPERNODES:  # the resident sites' SuperNodes ask for messages promptly (fedweigh-supernode)
+        log, program = federation.supernodes[name].text(), command_line(federation.supernodes[name].popen.pid)
+        assert ("[fedweigh] SuperNode asks again after 0.05s" in log) == (name in RESIDENT), log[-2000:]
+        assert Path(program[1]).name == ("fedweigh-supernode" if name in RESIDENT else "flower-supernode"), program
     for name in SUPERNODES:  # each Runtime API serves TLS, and its SuperExec verifies it with the CA
         node = federation.supernodes[name]
         assert f"Uvicorn running on https://127.0.0.1:{federation.topology.runtime_ports[name]}" in node.text()

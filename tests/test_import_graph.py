@@ -39,7 +39,7 @@ LAYERS: list[set[str]] = [
         "fedweigh.tracking",
     },
     {"fedweigh.methods", "fedweigh.components", "fedweigh.strategies", "fedweigh.preflight", "fedweigh.flops"},
-    {"fedweigh.server_app", "fedweigh.client_app", "fedweigh.resident", "fedweigh.launch"},
+    {"fedweigh.server_app", "fedweigh.client_app", "fedweigh.resident", "fedweigh.supernode", "fedweigh.launch"},
     {"fedweigh.experiments", "fedweigh.benchmarks", "fedweigh.cli"},
 ]
 

@@ -199,6 +199,48 @@ def test_a_task_the_supernode_ended_is_given_up_without_signalling_the_superexec
     assert isinstance(outcome.get("error"), ObjectPullError) and runtime.pulled == []
 
 
+def refused(request_path: str = "/v1/runtime/send-task-heartbeat"):
+    """The HTTP 401 a SuperNode's Runtime API answers for a task token it no longer accepts."""
+    import httpx
+
+    request = httpx.Request("POST", f"https://supernode:9094{request_path}")
+    return httpx.HTTPStatusError("401", request=request, response=httpx.Response(401, request=request))
+
+
+def test_a_refused_task_token_ends_the_call_not_the_superexec(monkeypatch):
+    """Flower's HTTP retry invoker sends SIGINT to its own process on a 401 (right for a flwr-clientapp process,
+    fatal for a resident SuperExec: a beat that raced the task's end once stopped a container's site); the task's
+    client gives up on the call instead, and the heartbeat marks the task ended."""
+    from flwr.supercore.retry import http_retry
+
+    source = inspect.getsource(http_retry.make_simple_http_retry_invoker)
+    assert "status_code == httpx.codes.UNAUTHORIZED" in source and "os.kill(os.getpid(), signal.SIGINT)" in source
+    signals = []
+    monkeypatch.setattr(http_retry.os, "kill", lambda pid, sig: signals.append(sig))
+    monkeypatch.setattr(http_retry.time, "sleep", lambda seconds: None)  # Flower's wait for the signal to land
+    retry = resident.refusal_ends_the_task(http_retry.make_simple_http_retry_invoker())
+    assert retry.should_giveup(refused()) is True and signals == []
+    assert http_retry.make_simple_http_retry_invoker().should_giveup(refused()) is False and signals != []  # Flower's
+    import httpx
+
+    calls = []
+
+    def refused_call():
+        calls.append(1)
+        raise refused()
+
+    with pytest.raises(httpx.HTTPStatusError):  # the call fails with its error, without retrying
+        retry.invoke(refused_call)
+    assert calls == [1]
+
+    class Refusing:
+        def SendTaskHeartbeat(self, request):  # noqa: N802 - the Runtime API's name
+            raise refused()
+
+    cancelled = threading.Event()
+    assert resident.task_heartbeat(Refusing(), cancelled)() is True and cancelled.is_set()
+
+
 def test_the_input_pull_limit_is_a_positive_number_of_seconds(monkeypatch):
     monkeypatch.delenv(resident.INPUT_PULL_ENV, raising=False)
     assert resident.configured_input_pull_max_time() == resident.INPUT_PULL_MAX_TIME

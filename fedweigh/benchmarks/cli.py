@@ -157,6 +157,32 @@ def _breakdown_table(settings: list[dict[str, Any]]) -> str:
     return markdown_table(header, rows)
 
 
+def _deployment_table(ways: list[dict[str, Any]]) -> str:
+    from fedweigh.benchmarks.common import markdown_table
+
+    rows = [
+        [
+            r["way"],
+            _fmt(r.get("round_seconds"), 3),
+            _fmt(r.get("round_seconds_std"), 3),
+            _fmt(r.get("client_train_seconds"), 3),
+            _fmt(r.get("overhead_seconds"), 3),
+            _fmt(r.get("handoff_seconds"), 3),
+            _fmt(r.get("server_seconds"), 3),
+            _ratio(r.get("round_ratio_vs_simulation")),
+            _fmt(r.get("first_round_seconds"), 2),
+            _fmt(r.get("wall_seconds"), 1),
+            _fmt(r.get("final_accuracy"), 4),
+            r.get("hosts", "–"),
+            r["status"],
+        ]
+        for r in ways
+    ]
+    header = ["way", "round s", "± std", "client training s", "overhead s", "of it: hand-off s", "and server s"]
+    header += ["vs simulation", "round 1 s", "wall s", "final acc", "hosts", "status"]
+    return markdown_table(header, rows)
+
+
 def render_table(name: str, report: dict[str, Any]) -> str:
     """The markdown table of one benchmark's report."""
     from fedweigh.benchmarks.common import markdown_table
@@ -240,27 +266,11 @@ def render_table(name: str, report: dict[str, Any]) -> str:
         ]
         return markdown_table(header, rows)
     if name == "deployment":
-        rows = [
-            [
-                r["way"],
-                _fmt(r.get("round_seconds"), 3),
-                _fmt(r.get("round_seconds_std"), 3),
-                _fmt(r.get("client_train_seconds"), 3),
-                _fmt(r.get("overhead_seconds"), 3),
-                _ratio(r.get("round_ratio_vs_simulation")),
-                _fmt(r.get("first_round_seconds"), 2),
-                _fmt(r.get("wall_seconds"), 1),
-                _fmt(r.get("final_accuracy"), 4),
-                r.get("hosts", "–"),
-                r["status"],
-            ]
-            for r in report["ways"]
-        ]
-        header = ["way", "round s", "± std", "client training s", "overhead s", "vs simulation", "round 1 s"]
-        header += ["wall s", "final acc", "hosts", "status"]
-        return (
-            f"{report['setting']}: {report['nodes']} nodes, {report['rounds']} rounds; rounds 2..T; "
-            f"same final accuracy every way: {report['same_final_accuracy']}\n\n" + markdown_table(header, rows)
+        tables = [report, *([report["containers"]] if "containers" in report else [])]
+        return "\n\n".join(
+            f"{table['setting']}: {table['nodes']} nodes, {report['rounds']} rounds; rounds 2..T; "
+            f"same final accuracy every way: {table['same_final_accuracy']}\n\n" + _deployment_table(table["ways"])
+            for table in tables
         )
     if name == "aggregation":
         rows = [
@@ -486,7 +496,7 @@ def _scale(quick: bool, sim: Any, _: list[str] | None, _progress: Progress) -> d
 def _deployment(quick: bool, sim: Any, _: list[str] | None, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.deployment import deployment
 
-    return deployment(sim, nodes=2, rounds=3 if quick else 6)
+    return deployment(sim, nodes=2, rounds=3 if quick else 6, containers=True)
 
 
 def _aggregation(quick: bool, sim: Any, _: list[str] | None, _progress: Progress) -> dict[str, Any]:

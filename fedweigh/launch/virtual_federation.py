@@ -461,6 +461,7 @@ class Federation:
         superlink: str | None = None,
         max_retries: int | None = None,
         resident: bool = False,
+        prompt: bool = False,
     ) -> FlowerProcess:
         """A SuperNode on ``host``, by default the way every site runs one.
 
@@ -475,9 +476,12 @@ class Federation:
         ``resident=True`` runs the node with ``--isolation process`` and a
         ``fedweigh-superexec`` beside it on the same host (one long-running
         ClientApp process, :mod:`fedweigh.resident`), in
-        ``self.superexecs[host]``.
+        ``self.superexecs[host]``; ``prompt=True`` runs ``fedweigh-supernode``
+        (:mod:`fedweigh.supernode`: the same SuperNode, asking for its next
+        message without Flower's 3 s wait) instead of ``flower-supernode``.
         """
-        argv: list[str | Path | int] = ["flower-supernode", "--superlink", superlink or self.topology.superlink_address]
+        program = "fedweigh-supernode" if prompt else "flower-supernode"
+        argv: list[str | Path | int] = [program, "--superlink", superlink or self.topology.superlink_address]
         if key_name is None:
             argv += ["--insecure"]
         else:
