@@ -53,14 +53,13 @@ RUN if [ -n "$TORCH_INDEX_URL" ]; then \
     && python -c "import flwr, torch; assert flwr.__version__ == '${FLWR_VERSION}', flwr.__version__; print('flwr', flwr.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda)" \
     && mkdir -p /app/outputs /app/data "$HF_HOME"
 
-# fedweigh-superexec (fedweigh/resident.py) and fedweigh-supernode
-# (fedweigh/supernode.py), each a file that imports only Flower: the SuperExec
-# that keeps one ClientApp process per site, and the SuperNode that asks for its
-# next message without Flower's 3 s wait (docker-compose.resident.yml).
-COPY --chown=app:app fedweigh/resident.py /app/bin/fedweigh_resident.py
-COPY --chown=app:app fedweigh/supernode.py /app/bin/fedweigh_supernode.py
-RUN printf '#!/bin/sh\nexec python /app/bin/fedweigh_resident.py "$@"\n' > /app/bin/fedweigh-superexec \
-    && printf '#!/bin/sh\nexec python /app/bin/fedweigh_supernode.py "$@"\n' > /app/bin/fedweigh-supernode \
+# fedweigh-superexec and fedweigh-supernode from fedweigh/flower/ (the package of
+# fedweigh's changes to Flower; these two modules import only Flower): the
+# SuperExec that keeps one ClientApp process per site, and the SuperNode that
+# asks for its next message without Flower's 3 s wait (docker-compose.resident.yml).
+COPY --chown=app:app fedweigh/flower/__init__.py fedweigh/flower/resident.py fedweigh/flower/supernode.py /app/bin/fedweigh_flower/
+RUN printf '#!/bin/sh\nexport PYTHONPATH=/app/bin\nexec python -m fedweigh_flower.resident "$@"\n' > /app/bin/fedweigh-superexec \
+    && printf '#!/bin/sh\nexport PYTHONPATH=/app/bin\nexec python -m fedweigh_flower.supernode "$@"\n' > /app/bin/fedweigh-supernode \
     && chmod +x /app/bin/fedweigh-superexec /app/bin/fedweigh-supernode
 
 ENTRYPOINT ["flower-superexec"]

@@ -40,9 +40,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 import time
 import zlib
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -59,6 +61,7 @@ from fedweigh.components import batch_transform, configure_torch, data_spec, new
 from fedweigh.data.federated import DataSpec, dataset_info, load_partition
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.faults import InjectedFault, corrupt_arrays, corrupt_metrics, fault_to_commit
+from fedweigh.flower.engine import prepare_if_simulating
 from fedweigh.models import on_device
 from fedweigh.models.finetuning import exchanged_state, frozen_digest, load_exchanged_state
 from fedweigh.protocol import (
@@ -162,6 +165,16 @@ _WARMED: set[tuple[object, ...]] = set()
 _WARMED_LOCK = threading.Lock()
 
 
+MESSAGE_PROCESS = "flwr-clientapp"
+"""The program of Flower's process per message (its default isolation in a deployment)."""
+
+
+def outlives_its_message() -> bool:
+    """Whether this process stays after the message it handles: a simulation's actor or process, or a resident
+    ClientApp (``fedweigh-superexec``); not Flower's ``flwr-clientapp``, which exits once it has replied."""
+    return Path(sys.argv[0]).name != MESSAGE_PROCESS
+
+
 def warm_data(context: Context) -> threading.Thread | None:
     """Start loading this node's training data in a background thread (once per process and data).
 
@@ -172,7 +185,15 @@ def warm_data(context: Context) -> threading.Thread | None:
     caches are shared and locked, so the first train message simply finds the
     data loaded (or waits for the load to finish); a failure is left for that
     message to report. Returns the thread, or None when nothing was started.
+
+    Nothing starts in a process that ends with its message (Flower's
+    ``flwr-clientapp``): the load would gain nothing there, and a load cut
+    off as the process exits can leave the dataset cache's file lock with a
+    process that never finishes exiting, so that the next message's process
+    waits on it for ever (seen with CIFAR-10 in the compose stack).
     """
+    if not outlives_its_message():
+        return None
     config = dict(context.node_config)
     key = (tuple(sorted(context.run_config.items())), config.get(DATA_DIR), config.get(NUM_PARTITIONS))
     with _WARMED_LOCK:
@@ -230,6 +251,10 @@ def slow_device(message: Message, context: Context, call_next: ClientAppCallable
         time.sleep(delay)
     return reply
 
+
+# In a simulation process this module is imported before Flower's engine starts its message loop: the moment
+# to make the hand-off event-driven (fedweigh/flower/engine.py). Elsewhere (a SuperNode, the CLI) nothing changes.
+prepare_if_simulating()
 
 app = ClientApp(mods=[inject_faults, slow_device])
 

@@ -26,6 +26,7 @@ from fedweigh.client.training import evaluate
 from fedweigh.client.ufl import model_uncertainty, u_tail
 from fedweigh.components import batch_transform, configure_torch, new_model, resolve_device, server_and_test_data
 from fedweigh.data.tensors import ImageTensors
+from fedweigh.flower.engine import prepare_if_simulating
 from fedweigh.models import on_device
 from fedweigh.models.finetuning import exchanged_state, frozen_digest, load_exchanged_state
 from fedweigh.preflight import check_run, federation_problems
@@ -52,6 +53,10 @@ from fedweigh.strategies.wakeup import wakeup_grid
 from fedweigh.tracking import open_trackers
 
 logger = logging.getLogger("flwr.fedweigh")
+
+# In a simulation process this module is imported before Flower's engine starts its message loop: the moment
+# to make the hand-off event-driven (fedweigh/flower/engine.py). Elsewhere (a SuperNode, the CLI) nothing changes.
+prepare_if_simulating()
 
 app = ServerApp()
 

@@ -108,7 +108,7 @@ RAY_BACKEND = "ray"
 
 
 IN_PROCESS_BACKEND = "in-process"
-"""The simulation backend that runs the ClientApp in the simulation's own process (fedweigh/engine.py)."""
+"""The simulation backend that runs the ClientApp in the simulation's own process (fedweigh/flower/engine.py)."""
 
 
 SIMULATION_BACKENDS = (RAY_BACKEND, IN_PROCESS_BACKEND)
@@ -140,7 +140,7 @@ class Settings(OptionsTable):
     # simulation: the engine hands messages on when they are stored (false: Flower 1.41's 0.1 s polling loops)
     event_driven_simulation: bool = True
     # simulation: "ray" runs each ClientApp in a Ray actor (Flower's backend); "in-process" in the simulation's
-    # own process, one message at a time, with no copy of the model through Ray (fedweigh/engine.py)
+    # own process, one message at a time, with no copy of the model through Ray (fedweigh/flower/engine.py)
     simulation_backend: Literal[SIMULATION_BACKENDS] = RAY_BACKEND
     # robust aggregation, off by default (the papers' methods as published)
     update_norm_bound: float = Field(0.0, ge=0.0, allow_inf_nan=False)  # cap ||update|| at this x the round's median

@@ -219,7 +219,7 @@ SIM_MODULES = {
     "test_server_app",
     "test_paper_metrics",
     "test_fedma",
-    "test_flwr_cli",
+    "test_flower_walk",
     "test_site_data",
     "test_paired_report",
     "test_fednolowe_partition",

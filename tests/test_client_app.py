@@ -73,3 +73,15 @@ def test_the_client_app_keeps_momentum_in_its_context_state(monkeypatch):
     assert all(torch.equal(t, torch.ones_like(t)) for t in seen[1].values())
     assert set(seen[1]) == {name for name, _ in model.named_parameters()}
     assert isinstance(context.state[client_app.OPTIMIZER_STATE], ArrayRecord)
+
+
+def test_a_process_per_message_loads_nothing_ahead(monkeypatch):
+    """Flower's flwr-clientapp exits after its reply: a warm-up there could only be cut off at exit (holding the
+    dataset cache's lock, which left the next message's process waiting in the compose stack)."""
+    clear_caches()
+    monkeypatch.setattr("sys.argv", ["/python/venv/bin/flwr-clientapp", "--runtime-api-address", "supernode-2:9094"])
+    assert not client_app.outlives_its_message()
+    assert warm_data(node_context(1, {"dataset": "digits", "partitioner": "iid", "seed": 5})) is None
+    assert _load_partition.cache_info().currsize == 0
+    monkeypatch.setattr("sys.argv", ["/python/venv/bin/fedweigh-superexec"])  # a resident ClientApp stays
+    assert client_app.outlives_its_message()

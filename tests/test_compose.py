@@ -37,12 +37,10 @@ BIN = Path(sys.executable).parent
 FILES = {"base": "docker-compose.yml", "gpu": "docker-compose.gpu.yml", "resident": "docker-compose.resident.yml"}
 VARIANTS = {"base": ["base"], "gpu": ["base", "gpu"], "resident": ["base", "resident"]}
 FLOWER_IMAGES = {"flwr/superlink": "flower-superlink", "flwr/supernode": "flower-supernode"}
-FEDWEIGH_PROCESSES = {
-    "fedweigh-superexec": ("resident.py", "fedweigh_resident.py"),
-    "fedweigh-supernode": ("supernode.py", "fedweigh_supernode.py"),
-}
-"""fedweigh's own site processes (Flower's CLIs with fedweigh's changes): each one file of fedweigh/, and its name in
-the image's /app/bin."""
+FEDWEIGH_PROCESSES = {"fedweigh-superexec": "resident", "fedweigh-supernode": "supernode"}
+"""fedweigh's own site processes (Flower's CLIs with fedweigh's changes): each a module of fedweigh/flower/, which the
+image holds as the package /app/bin/fedweigh_flower."""
+IMAGE_PACKAGE = "fedweigh_flower"
 _VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
 # Compose merges an overlay's volumes into the base's by container path; command
 # and entrypoint it replaces whole. (Ports it appends, so overlays here add none.)
@@ -429,7 +427,7 @@ def test_gpu_variant_reserves_gpus_for_every_clientapp(made_by_scripts):
 
 def test_resident_variant_runs_fedweigh_s_site_processes_from_the_app_image():
     """docker-compose.resident.yml: each site's SuperExec is fedweigh-superexec and its SuperNode fedweigh-supernode,
-    both from the app image, which holds each as one file."""
+    both from the app image, which holds the package of fedweigh's changes to Flower alone."""
     config = services("resident")
     app = load("base")["x-app"]
     for node in supernodes(config):
@@ -440,22 +438,29 @@ def test_resident_variant_runs_fedweigh_s_site_processes_from_the_app_image():
         assert cli_of(config[node]) == "fedweigh-supernode"
         assert (config[node]["image"], config[node]["build"]) == (interpolate(app["image"]), interpolate(app["build"]))
     dockerfile = (REPO / "Dockerfile").read_text()
-    for program, (source, name) in FEDWEIGH_PROCESSES.items():
-        copy = f"/app/bin/{name}"
-        assert f"COPY --chown=app:app fedweigh/{source} {copy}" in dockerfile
-        assert f"exec python {copy}" in dockerfile and f"/app/bin/{program}" in dockerfile
-        assert f"!fedweigh/{source}" in (REPO / ".dockerignore").read_text().splitlines()
-        # The image has Flower (with what Flower itself requires) and the app's dependencies, not the app: the file
-        # must stand alone, importing only Flower, Flower's own requirements (httpx, its Runtime API client) and the
-        # standard library.
-        tree = ast.parse((REPO / "fedweigh" / source).read_text())
+    copied = re.search(rf"^COPY --chown=app:app (.+) /app/bin/{IMAGE_PACKAGE}/$", dockerfile, re.M).group(1).split()
+    dockerignore = (REPO / ".dockerignore").read_text().splitlines()
+    assert set(copied) == {
+        "fedweigh/flower/__init__.py",
+        *(f"fedweigh/flower/{m}.py" for m in FEDWEIGH_PROCESSES.values()),
+    }
+    for source in copied:
+        assert f"!{source}" in dockerignore
+        # The image has Flower (with what Flower itself requires) and the app's dependencies, not the app: the
+        # package must stand alone, importing only Flower, Flower's own requirements (httpx, its Runtime API
+        # client), the standard library and itself.
+        tree = ast.parse((REPO / source).read_text())
         nodes = list(ast.walk(tree))
         imported = {alias.name.split(".")[0] for n in nodes if isinstance(n, ast.Import) for alias in n.names}
-        imported |= {n.module.split(".")[0] for n in nodes if isinstance(n, ast.ImportFrom) and n.module}
+        imported |= {
+            n.module.split(".")[0] for n in nodes if isinstance(n, ast.ImportFrom) and n.module and not n.level
+        }
         requires = importlib.metadata.requires("flwr")
         flower_requires = {re.split(r"[ <>=!~;\[]", r)[0] for r in requires if "extra" not in r}
         assert "httpx" in flower_requires
         assert imported <= {"__future__", "flwr", *flower_requires, *sys.stdlib_module_names}, (source, imported)
+    for program, module in FEDWEIGH_PROCESSES.items():
+        assert f"exec python -m {IMAGE_PACKAGE}.{module}" in dockerfile and f"/app/bin/{program}" in dockerfile
 
 
 def test_the_image_sets_the_process_environment_fedweighs_launchers_set():

@@ -26,7 +26,7 @@ LAYERS: list[set[str]] = [
         "fedweigh.protocol",
         "fedweigh.arrays",
         "fedweigh.faults",
-        "fedweigh.engine",
+        "fedweigh.flower",  # Flower changes: Flower, the standard library, and (the engine) settings
         "fedweigh.allocator",
     },
     {
@@ -39,7 +39,7 @@ LAYERS: list[set[str]] = [
         "fedweigh.tracking",
     },
     {"fedweigh.methods", "fedweigh.components", "fedweigh.strategies", "fedweigh.preflight", "fedweigh.flops"},
-    {"fedweigh.server_app", "fedweigh.client_app", "fedweigh.resident", "fedweigh.supernode", "fedweigh.launch"},
+    {"fedweigh.server_app", "fedweigh.client_app", "fedweigh.launch"},
     {"fedweigh.experiments", "fedweigh.benchmarks", "fedweigh.cli"},
 ]
 
@@ -143,15 +143,36 @@ def test_every_module_has_a_layer_and_imports_only_downwards(module):
     assert upward == [], f"{module} (layer {level}) imports upwards: {upward}"
 
 
-def test_the_client_app_imports_no_server_code():
-    # tracking (TensorBoard, MLflow) is the ServerApp's alone: no client imports it, even deferred
+def reached_from(*modules: str) -> set[str]:
+    """Every fedweigh module that importing ``modules`` can import, deferred imports included."""
     graph = import_graph()
-    reached, frontier = set(), ["fedweigh.client_app"]
+    reached, frontier = set(), list(modules)
     while frontier:
         module = frontier.pop()
         for target in graph[module] - reached:
             reached.add(target)
             frontier.append(target)
+    return reached
+
+
+RUNTIME = ("fedweigh.server_app", "fedweigh.client_app", "fedweigh.strategies.library", "fedweigh.client")
+"""What a running app imports: fedweigh's own apps, and the library a user's ServerApp and ClientApp use."""
+TOOLS = ("fedweigh.launch", "fedweigh.experiments", "fedweigh.benchmarks", "fedweigh.cli")
+"""The launchers, the experiment runner, the benchmarks and their harnesses (the network-namespace federation)."""
+
+
+def is_tool(module: str) -> bool:
+    return any(module == tool or module.startswith(tool + ".") for tool in TOOLS)
+
+
+def test_no_tool_or_harness_is_on_a_running_app_s_path():
+    assert is_tool("fedweigh.launch.virtual_federation") and is_tool("fedweigh.cli") and not is_tool("fedweigh.client")
+    assert sorted(m for m in reached_from(*RUNTIME) if is_tool(m)) == []
+
+
+def test_the_client_app_imports_no_server_code():
+    # tracking (TensorBoard, MLflow) is the ServerApp's alone: no client imports it, even deferred
+    reached = reached_from("fedweigh.client_app")
     server = sorted(
         m
         for m in reached

@@ -444,7 +444,7 @@ def test_superlink_command_disables_uv_sync():
 
 def test_flwr_run_command(tmp_path: Path):
     cmd = flwr_run_command(tmp_path, "fedweigh-sim", "num-supernodes=2", {"seed": 1})
-    assert cmd[:3] == [sys.executable, "-m", "fedweigh.launch.flwr_cli"]  # Flower's CLI, see test_flwr_cli.py
+    assert cmd[:3] == [sys.executable, "-m", "fedweigh.launch.flwr_cli"]  # Flower's CLI, see test_flower_walk.py
     assert cmd[3:6] == ["run", str(tmp_path), "fedweigh-sim"]
     assert cmd[cmd.index("--federation-config") + 1] == "num-supernodes=2"
     assert cmd[cmd.index("--run-config") + 1] == "seed=1"

@@ -250,7 +250,7 @@ def test_a_run_killed_and_resumed_ends_exactly_where_the_uninterrupted_one_does(
 def test_a_config_run_twice_gives_the_same_files_with_or_without_the_event_driven_hand_off(runs, output_dir):
     """Two real simulations of FLood (seeded client sampling, ASW's batch weights, the OOD scores) on CPU.
 
-    The engine's loop is fedweigh's (fedweigh/engine.py) and hands messages on
+    The engine's loop is fedweigh's (fedweigh/flower/engine.py) and hands messages on
     when they are stored; the second run switches that off and goes by Flower's
     polling: the very same files come out.
     """
@@ -263,7 +263,7 @@ def test_a_config_run_twice_gives_the_same_files_with_or_without_the_event_drive
 
 def test_the_in_process_backend_computes_what_ray_actors_compute(runs, output_dir):
     """The same FLood run with ``simulation-backend = "in-process"``: the ClientApp handles every message in the
-    ServerApp's own process (fedweigh/engine.py), and the very same files come out as with Ray's actors."""
+    ServerApp's own process (fedweigh/flower/engine.py), and the very same files come out as with Ray's actors."""
     assert_same_files(runs["flood"], runs["flood-in-process"])
     ray_log, own_log = logs(output_dir, "flood", "flood-in-process")
     assert "the engine's loop event-driven; the ClientApp runs in this process" in own_log

@@ -12,10 +12,10 @@ round) goes four ways:
     Flower's default isolation: the SuperNode's SuperExec starts a
     ``flwr-clientapp`` process for every message (imports, data load each time);
 ``deployment-resident``
-    ``--isolation process`` and ``fedweigh-superexec`` (:mod:`fedweigh.resident`):
+    ``--isolation process`` and ``fedweigh-superexec`` (:mod:`fedweigh.flower.resident`):
     one long-running ClientApp process per SuperNode, Flower's SuperNode;
 ``deployment-resident-prompt``
-    the same with ``fedweigh-supernode`` (:mod:`fedweigh.supernode`): the
+    the same with ``fedweigh-supernode`` (:mod:`fedweigh.flower.supernode`): the
     SuperNode asks for its next message without Flower's 3 s wait.
 
 With ``containers=True`` and a Docker engine, the same run once more on the

@@ -475,9 +475,9 @@ class Federation:
         give up connecting after that many retries instead of trying forever;
         ``resident=True`` runs the node with ``--isolation process`` and a
         ``fedweigh-superexec`` beside it on the same host (one long-running
-        ClientApp process, :mod:`fedweigh.resident`), in
+        ClientApp process, :mod:`fedweigh.flower.resident`), in
         ``self.superexecs[host]``; ``prompt=True`` runs ``fedweigh-supernode``
-        (:mod:`fedweigh.supernode`: the same SuperNode, asking for its next
+        (:mod:`fedweigh.flower.supernode`: the same SuperNode, asking for its next
         message without Flower's 3 s wait) instead of ``flower-supernode``.
         """
         program = "fedweigh-supernode" if prompt else "flower-supernode"

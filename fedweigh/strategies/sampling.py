@@ -43,7 +43,7 @@ import numpy as np
 from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from fedweigh.engine import simulated_partitions
+from fedweigh.flower.engine import simulated_partitions
 from fedweigh.protocol import NUM_PARTITIONS, PARTITION_ID
 from fedweigh.settings import CLIENT_SAMPLERS
 
@@ -78,7 +78,7 @@ class NodeDirectory:
     """Node id to partition id, learned by one ``query`` message per new node.
 
     In a simulation, where the ServerApp runs in the engine's process, the
-    engine's own mapping is read instead (:func:`fedweigh.engine.simulated_partitions`):
+    engine's own mapping is read instead (:func:`fedweigh.flower.engine.simulated_partitions`):
     the same answers without a message per node, which made start-up grow by
     about 31 ms per virtual node.
 

@@ -7,7 +7,7 @@ A round's replies therefore wait for the next look: in a deployment up to
 Flower's own ``push_messages`` and ``pull_messages`` with a shorter wait in
 between; what arrives, and in which order it is returned, is unchanged.
 
-:class:`WakeupGrid` (a simulation, see :mod:`fedweigh.engine`)
+:class:`WakeupGrid` (a simulation, see :mod:`fedweigh.flower.engine`)
     waits for the next stored reply.
 :class:`PromptGrid` (a deployment)
     looks again every :data:`DEPLOYMENT_PULL_INTERVAL` s (one HTTP request to
@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from fedweigh.engine import ENGINE_MODULE, HUB, applies_to, describe
+from fedweigh.flower.engine import ENGINE_MODULE, HUB, applies_to, describe
 from fedweigh.strategies.grid_wrapper import GridWrapper
 from fedweigh.strategies.waiting import WaitReport
 

@@ -1,4 +1,4 @@
-"""The event-driven hand-off of the simulation engine (fedweigh/engine.py, fedweigh/strategies/wakeup.py).
+"""The event-driven hand-off of the simulation engine (fedweigh/flower/engine.py, fedweigh/strategies/wakeup.py).
 
 The link state, the grid and the engine's thread are Flower 1.41's, set up as ``flwr.simulation`` sets them
 up; only the loop and what wakes it are fedweigh's. No test measures a time: each one shows what ended a wait
@@ -41,8 +41,8 @@ from flwr.supercore.task_identity import TaskIdentity
 from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid import HttpGrid, InMemoryGrid
 
-from fedweigh import engine
-from fedweigh.engine import (
+from fedweigh.flower import engine, supported
+from fedweigh.flower.engine import (
     ENGINE,
     HUB,
     NODES,
@@ -62,8 +62,8 @@ LONG = 60.0  # a time limit no wait in these tests may reach
 
 
 def test_flower_is_the_version_the_hand_off_was_checked_against():
-    """A Flower upgrade fails here first: check fedweigh/engine.py against the new engine, then update."""
-    assert flwr.__version__.startswith(engine.SUPPORTED_FLOWER), flwr.__version__
+    """A Flower upgrade fails here first: check fedweigh/flower/engine.py against the new engine, then update."""
+    assert supported(), flwr.__version__
     source = inspect.getsource(vce_api)
     assert "def add_messages_to_queue(" in source  # the loop replaced, as Flower 1.41 writes it:
     assert "get_message_ins(node_id=node_id, limit=1)" in source and "f_stop.wait(0.1)" in source
@@ -451,3 +451,19 @@ class ForgetfulGrid(GridWrapper):
             for reply in self.grid.pull_messages(message_ids)
             if reply.metadata.reply_to_message_id not in self.never
         ]
+
+
+def test_importing_fedweigh_changes_nothing_in_flower():
+    """The library (strategies, client signals) imported into a process that has Flower's simulation engine loaded
+    leaves the engine as Flower made it; the ServerApp module installs the hand-off explicitly."""
+    script = (
+        "import importlib, flwr.server.superlink.fleet.vce.vce_api as vce\n"
+        "before = (vce.add_messages_to_queue, vce.run_api)\n"
+        "import fedweigh, fedweigh.strategies.library, fedweigh.client, fedweigh.launch.flwr_cli\n"
+        "assert (vce.add_messages_to_queue, vce.run_api) == before, 'changed by import fedweigh'\n"
+        "importlib.import_module('fedweigh.server_app')\n"
+        "assert vce.add_messages_to_queue is not before[0], 'not installed by the ServerApp module'\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]

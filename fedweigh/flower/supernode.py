@@ -15,7 +15,7 @@ the next round's message waits up to 3 s, 0.5 s more for the reply's pickup
 
 ``fedweigh-supernode`` is ``flower-supernode`` (same arguments, same loop,
 same messages, replies pushed at the same point) with two kinds of wait
-changed, for Flower :data:`SUPPORTED_FLOWER` only:
+changed, for Flower :data:`~fedweigh.flower.SUPPORTED_FLOWER` only:
 
 * **asking the SuperLink again** after finding nothing: :func:`idle_wait`, a
   back-off that starts at :data:`POLL_INTERVAL` s and grows with the time the
@@ -36,10 +36,10 @@ one argument beyond Flower's, sets the back-off's first wait: a federation of
 thousands of SuperNodes may want a longer one (every node asks about
 1/POLL_INTERVAL times a second right after it replied). With another Flower
 version it refuses to start and says to use ``flower-supernode``;
-``tests/test_supernode.py`` pins what it relies on in Flower.
+``tests/test_flower_supernode.py`` pins what it relies on in Flower.
 
-Like ``fedweigh/resident.py`` this file imports only Flower and the standard
-library, so the container image holds it alone (``/app/bin/fedweigh-supernode``).
+Like :mod:`.resident` it imports only Flower, the standard library and this
+package, so the container image holds the package alone (``/app/bin/fedweigh-supernode``).
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-SUPPORTED_FLOWER = "1.41."
-"""Flower versions (a prefix) whose SuperNode loop this module was checked against."""
+from . import supported, unsupported
+
 MAIN_LOOP_MODULE = "flwr.supernode.start_client_internal"
 NODE_STATE_MODULE = "flwr.supernode.nodestate.in_memory_nodestate"
 POLL_INTERVAL_FLAG = "--poll-interval"
@@ -201,13 +201,8 @@ def install(first: float = POLL_INTERVAL) -> NodeEvents:
     ``first`` is the back-off's first wait (s). Installing again changes
     nothing and returns the events of the first installation.
     """
-    import flwr
-
-    if not flwr.__version__.startswith(SUPPORTED_FLOWER):
-        raise RuntimeError(
-            f"fedweigh-supernode was checked against flwr {SUPPORTED_FLOWER}x, this is flwr {flwr.__version__}: "
-            "use flower-supernode (it asks every 3 s) until fedweigh/supernode.py is checked"
-        )
+    if not supported():
+        raise RuntimeError(unsupported("fedweigh-supernode", "flower-supernode (it asks every 3 s)"))
     loop = importlib.import_module(MAIN_LOOP_MODULE)
     if isinstance(loop.time, WakingClock):
         return loop.time.events
@@ -239,5 +234,5 @@ def main() -> None:
     flower_supernode()
 
 
-if __name__ == "__main__":  # a file on its own (the container image's copy): it imports only Flower
+if __name__ == "__main__":  # python -m fedweigh_flower.supernode (the container image's copy imports only Flower)
     main()

@@ -1,4 +1,4 @@
-"""What ``fedweigh-supernode`` (:mod:`fedweigh.supernode`) changes in Flower 1.41, checked against the installed Flower.
+"""What ``fedweigh-supernode`` (:mod:`fedweigh.flower.supernode`) changes in Flower 1.41, checked against Flower.
 
 The first test pins what it relies on in Flower's SuperNode and fails on an
 upgrade until the module is checked again. The others run Flower's own loop
@@ -22,7 +22,7 @@ import pytest
 from flwr.app import Message, MetricRecord, RecordDict
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
 
-from fedweigh import supernode
+from fedweigh.flower import supernode, supported
 
 LOOP = importlib.import_module(supernode.MAIN_LOOP_MODULE)
 
@@ -43,7 +43,7 @@ def sleeps_in(module) -> list[tuple[str, float]]:
 
 def test_it_changes_only_the_waits_of_flower_s_supernode_loop():
     """Checked against Flower 1.41: the loop's waits, where it finds its pull and the node's stores."""
-    assert flwr.__version__.startswith(supernode.SUPPORTED_FLOWER), flwr.__version__
+    assert supported(), flwr.__version__
     # The loop: a pull that found nothing is followed by the 3 s sleep, a message by the push of its reply.
     assert "import time\n" in inspect.getsource(LOOP)
     assert sleeps_in(LOOP) == [("start_client_internal", 3), ("_push_messages", 0.5), ("_push_messages", 0.5)]
@@ -130,7 +130,7 @@ class Stop(Exception):
 
 @pytest.fixture
 def installed(monkeypatch):
-    """:func:`fedweigh.supernode.install` in this process, undone after the test; Flower's pull scripted."""
+    """:func:`fedweigh.flower.supernode.install` in this process, undone after the test; Flower's pull scripted."""
     state_class = importlib.import_module(supernode.NODE_STATE_MODULE).InMemoryNodeState
     for name in ("store_message", "store_object"):
         monkeypatch.setattr(state_class, name, getattr(state_class, name))  # put back after the test

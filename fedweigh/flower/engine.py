@@ -10,7 +10,8 @@ on a GPU, where a round's work takes tens of milliseconds, most of the run
 (``docs/benchmarks.md``).
 
 :func:`prepare` (run when the app is imported into a simulation process,
-before the engine starts: ``fedweigh/__init__.py``) changes these things,
+before the engine starts: :func:`prepare_if_simulating` at the top of
+``fedweigh/server_app.py`` and ``fedweigh/client_app.py``) changes these things,
 for Flower :data:`SUPPORTED_FLOWER` only:
 
 * the in-memory link state's ``store_message_ins`` and ``store_message_res``
@@ -41,7 +42,7 @@ the same. ``event-driven-simulation = false`` (``Hub.enabled``) brings
 Flower's polling back for comparison. A deployment is never touched: its SuperLink and
 SuperNodes run in their own processes, with their own state. Other Flower
 versions keep their own behaviour (a log line says so), and
-``tests/test_wakeup.py`` fails on an upgrade until this module is checked
+``tests/test_flower_engine.py`` fails on an upgrade until this module is checked
 against it.
 """
 
@@ -57,8 +58,8 @@ from typing import Any
 
 from fedweigh.settings import IN_PROCESS_BACKEND, RAY_BACKEND, SettingsError, validate
 
-SUPPORTED_FLOWER = "1.41."
-"""Flower versions (a prefix) whose engine this module has been checked against."""
+from . import SUPPORTED_FLOWER, supported
+
 MAX_IDLE_WAIT = 0.5
 """Longest wait of the extractor for an instruction before it looks again (s)."""
 FLOWER_POLL = 0.1
@@ -350,9 +351,7 @@ def prepare() -> bool:
     other than :data:`SUPPORTED_FLOWER`.
     """
     global _state_class
-    import flwr
-
-    if not flwr.__version__.startswith(SUPPORTED_FLOWER):
+    if not supported():
         return False
     from flwr.server.superlink.fleet.vce import vce_api
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
@@ -385,7 +384,7 @@ def describe(grid: Any) -> str:
     """One log line on how this run's messages are handed on."""
     import flwr
 
-    if not flwr.__version__.startswith(SUPPORTED_FLOWER):
+    if not supported():
         checked = f"the event-driven hand-off and the in-process backend are checked on {SUPPORTED_FLOWER}x"
         return f"flwr {flwr.__version__}: Flower's own polling and Ray actors ({checked})"
     if not applies_to(grid):

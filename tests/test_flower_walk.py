@@ -1,4 +1,5 @@
-"""fedweigh.launch.flwr_cli: Flower's CLI builds the same FAB without walking what the app leaves out."""
+"""fedweigh.flower.walk, as fedweigh.launch.flwr_cli installs it: Flower's CLI builds the same FAB without walking
+what the app leaves out."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ from conftest import REPO
 from flwr.cli.build import build_fab_from_files
 from flwr.cli.utils import collect_files
 
-from fedweigh.launch import flwr_cli
-from fedweigh.launch.flwr_cli import FLWR_CLI, collect_app_files
+from fedweigh.flower import SUPPORTED_FLOWER
+from fedweigh.flower.walk import collect_app_files
+from fedweigh.launch.flwr_cli import FLWR_CLI
 
 
 def test_flower_is_the_version_the_walk_was_checked_against():
     """On a Flower upgrade: check flwr.cli.utils.collect_files and the FAB rules against collect_app_files."""
-    assert flwr.__version__.startswith(flwr_cli.SUPPORTED_FLOWER), flwr.__version__
+    assert flwr.__version__.startswith(SUPPORTED_FLOWER), flwr.__version__
 
 
 def _fab_members(files: dict[str, Path]) -> dict[str, bytes]:

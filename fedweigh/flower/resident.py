@@ -8,7 +8,7 @@ process between messages.
 
 ``fedweigh-superexec`` is ``flower-superexec`` (same arguments, same loop:
 it asks the SuperNode's Runtime API for tasks, authenticated and over TLS as
-configured) with one change, for Flower :data:`SUPPORTED_FLOWER` only: a
+configured) with one change, for Flower :data:`~fedweigh.flower.SUPPORTED_FLOWER` only: a
 ClientApp task runs in this process, in a worker thread, instead of a new
 ``flwr-clientapp`` process. What the task does is what ``flwr-clientapp``
 does (Flower's own functions pull its message, context and FAB, push the
@@ -51,8 +51,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_FLOWER = "1.41."
-"""Flower versions (a prefix) whose SuperExec and ClientApp process this module was checked against."""
+from . import supported, unsupported
+
 RUNNER_MODULE = "flwr.supercore.superexec.run_superexec"
 TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 """Flower's setting of how often the SuperExec asks for a task (s; Flower's default 1.0)."""
@@ -346,13 +346,8 @@ def install(
     that waits ``input_pull_max_time`` s at most for a message's content); returns it."""
     import importlib
 
-    import flwr
-
-    if not flwr.__version__.startswith(SUPPORTED_FLOWER):
-        raise RuntimeError(
-            f"fedweigh-superexec was checked against flwr {SUPPORTED_FLOWER}x, this is flwr {flwr.__version__}: "
-            "use flower-superexec (a ClientApp process per message) until fedweigh/resident.py is checked"
-        )
+    if not supported():
+        raise RuntimeError(unsupported("fedweigh-superexec", "flower-superexec (a ClientApp process per message)"))
     runner = importlib.import_module(RUNNER_MODULE)
     resident = executor or ResidentExecutor(input_pull_max_time)
 
@@ -381,5 +376,5 @@ def main() -> None:
     flower_superexec()
 
 
-if __name__ == "__main__":  # a file on its own (the container image's copy): it imports only Flower
+if __name__ == "__main__":  # python -m fedweigh_flower.resident (the container image's copy imports only Flower)
     main()

@@ -1,4 +1,4 @@
-"""What ``fedweigh-superexec`` (:mod:`fedweigh.resident`) changes in Flower 1.41, checked against the installed Flower.
+"""What ``fedweigh-superexec`` (:mod:`fedweigh.flower.resident`) changes in Flower 1.41, checked against Flower.
 
 The resident ClientApp at work on a real deployment (two of the three sites of
 ``tests/test_deployment.py`` run it): every message of a site answered by one
@@ -19,13 +19,13 @@ import flwr
 import pytest
 from flwr.supercore.constant import ExecutorType
 
-from fedweigh import resident
+from fedweigh.flower import resident, supported
 
 
 def test_it_replaces_only_flower_s_executor_and_keeps_flower_s_loop(monkeypatch):
     """Checked against Flower 1.41: the loop looks up get_executor when it starts, and reads the poll setting."""
     runner = importlib.import_module(resident.RUNNER_MODULE)
-    assert flwr.__version__.startswith(resident.SUPPORTED_FLOWER), flwr.__version__
+    assert supported(), flwr.__version__
     assert "executor = get_executor(" in inspect.getsource(runner.run_superexec)
     assert runner._TASK_POLL_INTERVAL_ENV == resident.TASK_POLL_ENV
     source = inspect.getsource(importlib.import_module("flwr.supernode.runtime.run_clientapp").run_clientapp)
