@@ -57,7 +57,7 @@ RUN if [ -n "$TORCH_INDEX_URL" ]; then \
 # fedweigh's changes to Flower; these two modules import only Flower): the
 # SuperExec that keeps one ClientApp process per site, and the SuperNode that
 # asks for its next message without Flower's 3 s wait (docker-compose.resident.yml).
-COPY --chown=app:app fedweigh/flower/__init__.py fedweigh/flower/resident.py fedweigh/flower/supernode.py /app/bin/fedweigh_flower/
+COPY --chown=app:app fedweigh/flower/__init__.py fedweigh/flower/objects.py fedweigh/flower/resident.py fedweigh/flower/supernode.py /app/bin/fedweigh_flower/
 RUN printf '#!/bin/sh\nexport PYTHONPATH=/app/bin\nexec python -m fedweigh_flower.resident "$@"\n' > /app/bin/fedweigh-superexec \
     && printf '#!/bin/sh\nexport PYTHONPATH=/app/bin\nexec python -m fedweigh_flower.supernode "$@"\n' > /app/bin/fedweigh-supernode \
     && chmod +x /app/bin/fedweigh-superexec /app/bin/fedweigh-supernode

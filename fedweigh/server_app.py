@@ -26,6 +26,7 @@ from fedweigh.client.training import evaluate
 from fedweigh.client.ufl import model_uncertainty, u_tail
 from fedweigh.components import batch_transform, configure_torch, new_model, resolve_device, server_and_test_data
 from fedweigh.data.tensors import ImageTensors
+from fedweigh.flower import objects
 from fedweigh.flower.engine import prepare_if_simulating
 from fedweigh.models import on_device
 from fedweigh.models.finetuning import exchanged_state, frozen_digest, load_exchanged_state
@@ -57,6 +58,7 @@ logger = logging.getLogger("flwr.fedweigh")
 # In a simulation process this module is imported before Flower's engine starts its message loop: the moment
 # to make the hand-off event-driven (fedweigh/flower/engine.py). Elsewhere (a SuperNode, the CLI) nothing changes.
 prepare_if_simulating()
+objects.install()  # in a deployment: a reply's content not stored yet is asked for again after 0.05 s, not 1 s
 
 app = ServerApp()
 

@@ -440,10 +440,8 @@ def test_resident_variant_runs_fedweigh_s_site_processes_from_the_app_image():
     dockerfile = (REPO / "Dockerfile").read_text()
     copied = re.search(rf"^COPY --chown=app:app (.+) /app/bin/{IMAGE_PACKAGE}/$", dockerfile, re.M).group(1).split()
     dockerignore = (REPO / ".dockerignore").read_text().splitlines()
-    assert set(copied) == {
-        "fedweigh/flower/__init__.py",
-        *(f"fedweigh/flower/{m}.py" for m in FEDWEIGH_PROCESSES.values()),
-    }
+    modules = ["__init__", "objects", *FEDWEIGH_PROCESSES.values()]  # objects: the prompt pulls both use
+    assert set(copied) == {f"fedweigh/flower/{module}.py" for module in modules}
     for source in copied:
         assert f"!{source}" in dockerignore
         # The image has Flower (with what Flower itself requires) and the app's dependencies, not the app: the

@@ -7,22 +7,25 @@ Flower's own code, each for :data:`SUPPORTED_FLOWER` only, each installed by
 an explicit call (never by ``import fedweigh``), each pinned by tests that
 fail on a Flower release until the change is checked against it:
 
-==========================  ===================================================  ==============================
-module                      what changes, installed by                           pinned by
-==========================  ===================================================  ==============================
-:mod:`.engine`              the simulation engine's message hand-off (event-     ``tests/test_wakeup.py``
-                            driven) and the in-process backend; ``prepare()``,
-                            called by the ServerApp and ClientApp modules
-:mod:`.resident`            ``fedweigh-superexec``: a SuperExec that runs        ``tests/test_resident.py``
-                            ClientApp tasks in its own process; ``install()``
-:mod:`.supernode`           ``fedweigh-supernode``: a SuperNode without the      ``tests/test_supernode.py``
-                            fixed 3 s wait; ``install()``
-:mod:`.walk`                the ``flwr`` CLI's file walk when it builds a FAB;   ``tests/test_flwr_cli.py``
-                            ``install()``, called by ``fedweigh.launch.flwr_cli``
-==========================  ===================================================  ==============================
+================  ==========================================================  ================================
+module            what changes, and what installs it                          pinned by
+================  ==========================================================  ================================
+:mod:`.engine`    the simulation engine's message hand-off (event-driven)     ``tests/test_flower_engine.py``
+                  and the in-process backend; ``prepare_if_simulating()``,
+                  called by the ServerApp and ClientApp modules
+:mod:`.resident`  ``fedweigh-superexec``: a SuperExec that runs ClientApp     ``tests/test_flower_resident.py``
+                  tasks in its own process; ``install()``
+:mod:`.supernode` ``fedweigh-supernode``: a SuperNode without the fixed 3 s   ``tests/test_flower_supernode.py``
+                  wait; ``install()``
+:mod:`.objects`   a message's content not stored yet is asked for again       ``tests/test_flower_objects.py``
+                  after 0.05 s, not 1 s; ``install()``, called by the
+                  ServerApp module and ``fedweigh-supernode``
+:mod:`.walk`      the ``flwr`` CLI's file walk when it builds a FAB;          ``tests/test_flower_walk.py``
+                  ``install()``, called by ``fedweigh.launch.flwr_cli``
+================  ==========================================================  ================================
 
-With another Flower version each change stays out and says so: the engine and
-the CLI walk fall back to Flower's own behaviour with a log line,
+With another Flower version each change stays out: the engine (saying so in
+the run's log), the object pulls and the CLI walk leave Flower as it is;
 ``fedweigh-superexec`` and ``fedweigh-supernode`` refuse to start and name
 Flower's own process to use instead.
 

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from . import supported, unsupported
+from .objects import INITIAL_BACKOFF
 
 RUNNER_MODULE = "flwr.supercore.superexec.run_superexec"
 TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
@@ -122,6 +123,7 @@ def pull_task_input(client: Any, *, max_time: float, cancelled: threading.Event)
         make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node, context.run_id),
         return_type=Message,
         max_time=max_time,
+        initial_backoff=INITIAL_BACKOFF,  # the SuperNode stores the message before its content (Flower's 1 s)
     )
     message.metadata.__dict__["_message_id"] = tree.object_id  # as Flower: the deflated message lacks its own id
     return message, context, run, fab

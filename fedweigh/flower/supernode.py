@@ -54,7 +54,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import supported, unsupported
+from . import objects, supported, unsupported
 
 MAIN_LOOP_MODULE = "flwr.supernode.start_client_internal"
 NODE_STATE_MODULE = "flwr.supernode.nodestate.in_memory_nodestate"
@@ -203,6 +203,7 @@ def install(first: float = POLL_INTERVAL) -> NodeEvents:
     """
     if not supported():
         raise RuntimeError(unsupported("fedweigh-supernode", "flower-supernode (it asks every 3 s)"))
+    objects.install()  # a message's content not stored yet: asked for again after 0.05 s, not Flower's 1 s
     loop = importlib.import_module(MAIN_LOOP_MODULE)
     if isinstance(loop.time, WakingClock):
         return loop.time.events
