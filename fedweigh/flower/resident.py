@@ -369,6 +369,7 @@ def main() -> None:
     from flwr.supercore.cli.flower_superexec import flower_superexec
 
     os.environ.setdefault(TASK_POLL_ENV, TASK_POLL_INTERVAL)  # set it to choose another
+    sys.argv[0] = "fedweigh-superexec"  # Flower's CLI names itself after it (python -m in the image)
     try:
         install(input_pull_max_time=configured_input_pull_max_time())
     except (RuntimeError, ValueError) as err:

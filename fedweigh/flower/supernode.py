@@ -219,6 +219,7 @@ def install(first: float = POLL_INTERVAL) -> NodeEvents:
 def main() -> None:
     """``fedweigh-supernode``: ``flower-supernode``'s command line (and ``--poll-interval``), asking promptly."""
     first, sys.argv[1:] = split_arguments(sys.argv[1:])
+    sys.argv[0] = "fedweigh-supernode"  # Flower's CLI names itself after it (python -m in the image)
     try:
         install(first)
     except RuntimeError as err:
