@@ -44,7 +44,7 @@ def test_the_smoke_mode_runs_every_case_and_writes_the_report_after_each_step(sh
     assert len(written) == steps  # the file after every step: a time limit keeps what was measured
     assert [sum(len(c["steps"]) for c in snapshot["cases"]) for snapshot in written] == list(range(1, steps + 1))
     assert all(snapshot["partial"] for snapshot in written)
-    assert written[-1]["cases"] == report["cases"]
+    assert written[-1]["cases"] == report["cases"] and report["partial"] is False
     table = render_table("gpu-evidence", report)
     assert all(f"| {name} |" in table for name in CASES)
 
@@ -103,12 +103,16 @@ def test_the_budget_option_names_the_value_and_what_is_accepted(capsys):
 
 
 @pytest.mark.unit
-def test_without_a_gpu_only_the_smoke_mode_runs(monkeypatch):
+def test_without_a_gpu_only_the_smoke_mode_runs(monkeypatch, capsys):
     import torch
+
+    from fedweigh.cli import main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(BenchmarkError, match=r"gpu-evidence --quick"):
         gpu_evidence(sim=None, quick=False)
+    assert main(["benchmark", "gpu-evidence"]) == 1  # refused before a SuperLink starts
+    assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
 @pytest.mark.unit

@@ -306,6 +306,10 @@ def run_command(args: argparse.Namespace) -> int:
     strategies = [s.strip() for s in args.strategies.split(",")] if args.strategies else None
     sim = None
     try:
+        if "gpu-evidence" in names and not args.quick:  # before a SuperLink starts for nothing
+            from fedweigh.benchmarks.gpu_evidence import require_gpu
+
+            require_gpu()
         if _NEEDS_SIMULATION & set(names):
             port = choose_port(args.port, DEFAULT_PORT)
             sim = LocalSimulation(

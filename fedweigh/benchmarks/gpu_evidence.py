@@ -56,6 +56,7 @@ __all__ = [
     "load_arm",
     "order_cases",
     "ranked_cases",
+    "require_gpu",
     "run_cases",
 ]
 
@@ -493,6 +494,17 @@ def run_cases(
     return report
 
 
+def require_gpu() -> None:
+    """Raise :class:`BenchmarkError` (saying what runs on a CPU instead) where torch sees no CUDA GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise BenchmarkError(
+            "the gpu-evidence benchmark needs a CUDA GPU, and torch sees none (torch.cuda.is_available() is False); "
+            "on a CPU, `fedweigh benchmark gpu-evidence --quick` runs every case at a tiny scale"
+        )
+
+
 def gpu_evidence(
     sim: Any,
     quick: bool,
@@ -510,15 +522,10 @@ def gpu_evidence(
         raise BenchmarkError(f"budget = {budget!r}: accepted: a number of seconds > 0, e.g. 720")
     if unknown := sorted(set(cases or ()) - set(CASE_NAMES)):
         raise BenchmarkError(f"cases = {unknown}: unknown; accepted: names of {', '.join(CASE_NAMES)}")
-    import torch
-
-    if not quick and not torch.cuda.is_available():
-        raise BenchmarkError(
-            "the gpu-evidence benchmark needs a CUDA GPU, and torch sees none (torch.cuda.is_available() is False); "
-            "on a CPU, `fedweigh benchmark gpu-evidence --quick` runs every case at a tiny scale"
-        )
+    if not quick:
+        require_gpu()
     default_runs = Path("outputs") / ("gpu-evidence-quick" if quick else "gpu-evidence")
     ctx = Context(sim=sim, quick=quick, runs_dir=Path(runs_dir or default_runs).resolve())
     chosen = [case for case in ranked_cases(ctx) if cases is None or case.name in cases]
     report = run_cases(chosen, DEFAULT_BUDGET_SECONDS if budget is None else budget, progress)
-    return {**report, "runs_dir": str(ctx.runs_dir), "device": "cpu" if quick else "cuda"}
+    return {**report, "runs_dir": str(ctx.runs_dir), "device": "cpu" if quick else "cuda", "partial": False}
