@@ -214,6 +214,7 @@ SIM_MODULES = {
     "test_example",
     "test_experiments",
     "test_benchmarks",
+    "test_gpu_evidence",
     "test_pretrained",
     "test_fuzz",
     "test_server_app",

@@ -12,5 +12,8 @@ writes a JSON report and a markdown table (see ``docs/benchmarks.md``):
 * ``methods`` (:mod:`.methods`): each strategy's round time against FedAvg's;
 * ``scale`` (:mod:`.scale`): 100 against 1,000 virtual clients, 10 per round;
 * ``aggregation`` (:mod:`.aggregation`): the strategy base's aggregation
-  against Flower's FedAvg aggregation on the same replies.
+  against Flower's FedAvg aggregation on the same replies;
+* ``gpu-evidence`` (:mod:`.gpu_evidence`): what only a GPU settles, in
+  order of value per minute under a time budget (a CPU smoke mode with
+  ``--quick``).
 """

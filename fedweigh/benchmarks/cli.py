@@ -2,7 +2,9 @@
 
 Benchmarks: ``overhead``, ``gpu-overhead`` (needs a CUDA GPU; ``all`` runs it
 only where one is visible), ``allocator``, ``checkpoint``, ``methods``, ``scale``,
-``deployment``, ``aggregation``, ``ufl-cost``, ``feddle-cost``, ``fine-tuning`` (see
+``deployment``, ``aggregation``, ``ufl-cost``, ``feddle-cost``, ``fine-tuning``,
+``gpu-evidence`` (what only a GPU settles, under ``--budget`` seconds; needs a
+CUDA GPU but with ``--quick``, its CPU smoke mode; see
 :mod:`fedweigh.benchmarks`). Each writes ``benchmarks/results/<name>.json``
 (or ``--output``) and a markdown table beside it (``.md``), and prints the
 table. ``--quick`` runs a smaller version of each (fewer rounds, fewer
@@ -15,6 +17,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +38,59 @@ BENCHMARKS = (
     "ufl-cost",
     "feddle-cost",
     "fine-tuning",
+    "gpu-evidence",
 )
+GPU_ONLY = {"gpu-overhead", "gpu-evidence"}
+"""Benchmarks that ``all`` runs only where torch sees a CUDA GPU."""
 Progress = Callable[[dict[str, Any]], None]
 """Receives a benchmark's report so far."""
 DEFAULT_PORT = 39201
 RESULTS_DIR = Path("benchmarks") / "results"
+WRITTEN_AS_THEY_GO = {"gpu-evidence"}
+"""Benchmarks whose JSON report is rewritten after each case (marked ``partial`` until the end), not beside it."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """What some benchmarks take from the command line besides ``--quick``."""
+
+    strategies: list[str] | None = None
+    budget: float | None = None
+    runs_dir: Path | None = None
+    cases: list[str] | None = None
+
+
+def parse_budget(text: str) -> float:
+    """``--budget 600`` -> ``600.0`` seconds; a clear error otherwise.
+
+    >>> parse_budget("600"), parse_budget("90.5")
+    (600.0, 90.5)
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"--budget = {text!r}: accepted: a number of seconds > 0, e.g. 720")
+    return value
+
+
+def parse_cases(text: str) -> list[str]:
+    """``--cases flood,feddle`` -> ``["flood", "feddle"]``, each a case of gpu-evidence.
+
+    >>> parse_cases("flood, feddle")
+    ['flood', 'feddle']
+    """
+    from fedweigh.benchmarks.gpu_evidence import CASE_NAMES
+
+    cases = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [case for case in cases if case not in CASE_NAMES]
+    if unknown or not cases:
+        raise argparse.ArgumentTypeError(
+            f"--cases = {text!r}: unknown case(s) {', '.join(unknown) or '(none given)'}; "
+            f"accepted: comma-separated names of {', '.join(CASE_NAMES)}"
+        )
+    return cases
 
 
 def add_benchmark_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -69,9 +120,24 @@ def add_benchmark_parser(subparsers: argparse._SubParsersAction) -> None:
         "per-run: Flower's own Ray cluster started in each run, as a lone `flwr run` does; "
         "two-node: one shared cluster of two Ray nodes on this machine, the CPUs split between them",
     )
+    parser.add_argument(
+        "--budget",
+        type=parse_budget,
+        default=None,
+        metavar="SECONDS",
+        help="gpu-evidence: the seconds its cases may take; a case whose estimate does not fit in what is left "
+        "is skipped, with the reason (default: 720)",
+    )
+    parser.add_argument(
+        "--cases",
+        type=parse_cases,
+        default=None,
+        help="gpu-evidence: only these cases, comma-separated, in their usual order (default: all), e.g. the ones "
+        "a first lease left skipped",
+    )
 
 
-def _overhead(quick: bool, sim: Any, _: list[str] | None, progress: Progress) -> dict[str, Any]:
+def _overhead(quick: bool, sim: Any, _: Options, progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.common import fednolowe_mnist, fedoui_cifar10
     from fedweigh.benchmarks.overhead import federation_overhead, vanilla_peer
 
@@ -89,70 +155,78 @@ def _overhead(quick: bool, sim: Any, _: list[str] | None, progress: Progress) ->
     return {"settings": results, "peer": peer}
 
 
-def _gpu_overhead(quick: bool, sim: Any, _: list[str] | None, progress: Progress) -> dict[str, Any]:
+def _gpu_overhead(quick: bool, sim: Any, _: Options, progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.gpu import gpu_overhead
 
     return gpu_overhead(sim, quick, progress)
 
 
-def _allocator(quick: bool, sim: Any, _: list[str] | None, _progress: Progress) -> dict[str, Any]:
+def _allocator(quick: bool, sim: Any, _: Options, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.allocator import allocator_cost
 
     return allocator_cost(rounds=3 if quick else 20, repeats=1 if quick else 3)
 
 
-def _checkpoint(quick: bool, sim: Any, _: list[str] | None, _progress: Progress) -> dict[str, Any]:
+def _checkpoint(quick: bool, sim: Any, _: Options, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.checkpoint import checkpoint_cost
 
     return checkpoint_cost(saves=5 if quick else 30)
 
 
-def _methods(quick: bool, sim: Any, strategies: list[str] | None, _progress: Progress) -> dict[str, Any]:
+def _methods(quick: bool, sim: Any, options: Options, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.common import digits_small, fedoui_cifar10
     from fedweigh.benchmarks.methods import method_overhead
     from fedweigh.methods import METHODS
 
     setting = digits_small(3) if quick else fedoui_cifar10(6)
-    return method_overhead(setting, strategies or sorted(METHODS), sim)
+    return method_overhead(setting, options.strategies or sorted(METHODS), sim)
 
 
-def _scale(quick: bool, sim: Any, _: list[str] | None, _progress: Progress) -> dict[str, Any]:
+def _scale(quick: bool, sim: Any, _: Options, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.scale import scale
 
     return scale(sim, sizes=(100, 1000) if quick else (100, 1000, 10000), rounds=2 if quick else 30)
 
 
-def _deployment(quick: bool, sim: Any, _: list[str] | None, _progress: Progress) -> dict[str, Any]:
+def _deployment(quick: bool, sim: Any, _: Options, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.deployment import deployment
 
     return deployment(sim, nodes=2, rounds=3 if quick else 6, containers=True)
 
 
-def _aggregation(quick: bool, sim: Any, _: list[str] | None, _progress: Progress) -> dict[str, Any]:
+def _aggregation(quick: bool, sim: Any, _: Options, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.aggregation import aggregation
 
     return aggregation(ks=(10,) if quick else (10, 100), repeat=2 if quick else 3)
 
 
-def _ufl_cost(quick: bool, sim: Any, _: list[str] | None, _progress: Progress) -> dict[str, Any]:
+def _ufl_cost(quick: bool, sim: Any, _: Options, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.ufl_cost import ufl_cost
 
     return ufl_cost(quick=quick)
 
 
-def _feddle_cost(quick: bool, sim: Any, _: list[str] | None, _progress: Progress) -> dict[str, Any]:
+def _feddle_cost(quick: bool, sim: Any, _: Options, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.feddle_cost import feddle_cost
 
     return feddle_cost(sim, quick=quick)
 
 
-def _finetuning(quick: bool, sim: Any, _: list[str] | None, _progress: Progress) -> dict[str, Any]:
+def _finetuning(quick: bool, sim: Any, _: Options, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.finetuning import finetuning_cost
 
     return finetuning_cost(quick=quick)
 
 
-_RUNNERS: dict[str, Callable[[bool, Any, list[str] | None, Progress], dict[str, Any]]] = {
+def _gpu_evidence(quick: bool, sim: Any, options: Options, progress: Progress) -> dict[str, Any]:
+    from fedweigh.benchmarks.gpu_evidence import gpu_evidence
+
+    return gpu_evidence(
+        sim, quick, budget=options.budget, runs_dir=options.runs_dir, cases=options.cases, progress=progress
+    )
+
+
+_RUNNERS: dict[str, Callable[[bool, Any, Options, Progress], dict[str, Any]]] = {
     "overhead": _overhead,
     "gpu-overhead": _gpu_overhead,
     "allocator": _allocator,
@@ -164,8 +238,9 @@ _RUNNERS: dict[str, Callable[[bool, Any, list[str] | None, Progress], dict[str, 
     "ufl-cost": _ufl_cost,
     "feddle-cost": _feddle_cost,
     "fine-tuning": _finetuning,
+    "gpu-evidence": _gpu_evidence,
 }
-_NEEDS_SIMULATION = {"overhead", "gpu-overhead", "methods", "scale", "deployment", "feddle-cost"}
+_NEEDS_SIMULATION = {"overhead", "gpu-overhead", "methods", "scale", "deployment", "feddle-cost", "gpu-evidence"}
 
 
 def _ray_description(sim: Any) -> str:
@@ -182,12 +257,16 @@ def run_benchmark(
     sim: Any = None,
     strategies: list[str] | None = None,
     progress: Progress | None = None,
+    budget: float | None = None,
+    runs_dir: Path | None = None,
+    cases: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run one benchmark; returns its report (with the machine it ran on).
 
     ``progress``, if given, receives the report so far (marked ``partial``)
     whenever a benchmark of several long cases finishes one, so that a run
-    stopped by a time limit keeps what it measured.
+    stopped by a time limit keeps what it measured. ``budget`` (seconds),
+    ``runs_dir`` (where its experiment runs go) and ``cases`` are gpu-evidence's.
     """
     from fedweigh.benchmarks.common import machine_description
 
@@ -198,7 +277,7 @@ def run_benchmark(
         if progress is not None:
             progress({"benchmark": name, "quick": quick, "machine": machine, "partial": True, **partial})
 
-    report = _RUNNERS[name](quick, sim, strategies, so_far)
+    report = _RUNNERS[name](quick, sim, Options(strategies, budget, runs_dir, cases), so_far)
     machine["load_average_1m_after"] = machine_description()["load_average_1m"]
     return {
         "benchmark": name,
@@ -220,13 +299,17 @@ def run_command(args: argparse.Namespace) -> int:
     if args.name == "all":
         import torch
 
-        names = [name for name in BENCHMARKS if name != "gpu-overhead" or torch.cuda.is_available()]
+        names = [name for name in BENCHMARKS if name not in GPU_ONLY or torch.cuda.is_available()]
     if args.output is not None and len(names) > 1:
         print("fedweigh: --output names one file; run one benchmark at a time with it", file=sys.stderr)
         return 2
     strategies = [s.strip() for s in args.strategies.split(",")] if args.strategies else None
     sim = None
     try:
+        if "gpu-evidence" in names and not args.quick:  # before a SuperLink starts for nothing
+            from fedweigh.benchmarks.gpu_evidence import require_gpu
+
+            require_gpu()
         if _NEEDS_SIMULATION & set(names):
             port = choose_port(args.port, DEFAULT_PORT)
             sim = LocalSimulation(
@@ -241,17 +324,20 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"[benchmark] {name}{' (quick)' if args.quick else ''} ...", file=sys.stderr, flush=True)
             path = args.output or (RESULTS_DIR / (f"{name}-quick.json" if args.quick else f"{name}.json"))
             # a long benchmark stopped by a time limit keeps the cases it finished beside the last full report
-            partial_path = Path(path).with_suffix(".partial.json")
+            partial_path = Path(path) if name in WRITTEN_AS_THEY_GO else Path(path).with_suffix(".partial.json")
             report = run_benchmark(
                 name,
                 quick=args.quick,
                 sim=sim,
                 strategies=strategies,
                 progress=lambda partial, p=partial_path: write_json(p, partial),
+                budget=args.budget,
+                cases=args.cases,
             )
             table = render_table(name, report)
+            if partial_path != Path(path):
+                partial_path.unlink(missing_ok=True)
             write_json(path, report)
-            partial_path.unlink(missing_ok=True)
             Path(path).with_suffix(".md").write_text(f"# {name}\n\n{table}\n", encoding="utf-8")
             print(f"\n## {name} ({report['seconds']:.0f} s; {path})\n\n{table}\n")
     except (BenchmarkError, SimulationError, RuntimeError, ValueError) as err:

@@ -205,6 +205,7 @@ def federation_overhead(
     repeats: int = 1,
     gpus_per_client: float = 0.0,
     cpus_per_client: int | None = None,
+    ray_floor: bool = True,
 ) -> dict[str, Any]:
     """Time ``setting`` as a simulation on ``sim`` and as a bare loop; compare.
 
@@ -214,7 +215,8 @@ def federation_overhead(
     ``cpus_per_client`` (default: all CPUs, hence one ClientApp actor) and
     ``gpus_per_client`` are the simulation's client resources: with a GPU
     share below 1 and CPUs to spare, Ray runs as many actors at once as
-    both allow.
+    both allow. ``ray_floor`` adds a Ray actor's round trip for the
+    setting's message size (two Ray starts; a smoke run leaves it out).
 
     Returns
     -------
@@ -262,7 +264,7 @@ def federation_overhead(
     later_sim, later_bare = _mean(sim_rounds[1:]), _mean(bare_rounds[1:])
     phases = timed.phases()
     breakdown = round_breakdown(timed, bare["rounds"])
-    floor = _ray_floor(breakdown["message_bytes"]) if breakdown["message_bytes"] else None
+    floor = _ray_floor(breakdown["message_bytes"]) if ray_floor and breakdown["message_bytes"] else None
     sim_fixed = timed.wall_seconds - sum(sim_rounds)
     bare_fixed = bare["process_seconds"] - sum(bare_rounds)
     return {

@@ -393,6 +393,27 @@ def _feddle_cost_table(name: str, report: dict[str, Any]) -> str:
     return _feddle_tables(report)
 
 
+def _gpu_evidence_table(name: str, report: dict[str, Any]) -> str:
+    """One row a step, cases in the order they ran (value per estimated minute), each with what it found or why not."""
+    rows = [
+        [
+            case["case"],
+            _fmt(case["value_per_minute"]),
+            step["step"],
+            step["status"],
+            _fmt(step["estimated_seconds"], 0),
+            _fmt(step.get("seconds"), 0),
+            " ".join((step.get("headline") or step.get("reason", "")).split()),  # one line a cell
+        ]
+        for case in report["cases"]
+        for step in case["steps"] or [{"step": "–", "status": case["status"], "estimated_seconds": None}]
+    ]
+    header = ["case", "value/min", "step", "status", "estimated s", "took s", "found (or why not)"]
+    used, device = report.get("elapsed_seconds", 0), report.get("device", "?")
+    head = f"budget {report['budget_seconds']:.0f} s, {used:.0f} s used, on {device}"
+    return head + "\n\n" + markdown_table(header, rows)
+
+
 TABLES: dict[str, Callable[[str, dict[str, Any]], str]] = {
     "overhead": _overhead_tables,
     "gpu-overhead": _overhead_tables,
@@ -405,6 +426,7 @@ TABLES: dict[str, Callable[[str, dict[str, Any]], str]] = {
     "allocator": _allocator_table,
     "checkpoint": _checkpoint_table,
     "fine-tuning": _fine_tuning_table,
+    "gpu-evidence": _gpu_evidence_table,
 }
 """Each benchmark's table, by the benchmark's name."""
 
