@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -121,8 +122,8 @@ def _deployment_table(ways: list[dict[str, Any]]) -> str:
     return markdown_table(header, rows)
 
 
-def _overhead_tables(name: str, report: dict[str, Any]) -> str:
-    table = _overhead_table(report["settings"], gpu=name == "gpu-overhead")
+def _overhead_tables(report: dict[str, Any], gpu: bool = False) -> str:
+    table = _overhead_table(report["settings"], gpu=gpu)
     if breakdowns := [r for r in report["settings"] if r.get("round_breakdown")]:
         table += "\n\nWhere a round goes (rounds 2..T, mean ms per round; simulation / bare loop):\n\n"
         table += _breakdown_table(breakdowns)
@@ -147,7 +148,7 @@ def _overhead_tables(name: str, report: dict[str, Any]) -> str:
     return table
 
 
-def _methods_table(name: str, report: dict[str, Any]) -> str:
+def _methods_table(report: dict[str, Any]) -> str:
     rows = [
         [
             r["strategy"],
@@ -164,7 +165,7 @@ def _methods_table(name: str, report: dict[str, Any]) -> str:
     return f"setting: {report['setting']}\n\n" + markdown_table(header, rows)
 
 
-def _scale_table(name: str, report: dict[str, Any]) -> str:
+def _scale_table(report: dict[str, Any]) -> str:
     rows = [
         [
             r["clients"],
@@ -205,7 +206,7 @@ def _scale_table(name: str, report: dict[str, Any]) -> str:
     return markdown_table(header, rows)
 
 
-def _deployment_tables(name: str, report: dict[str, Any]) -> str:
+def _deployment_tables(report: dict[str, Any]) -> str:
     tables = [report, *([report["containers"]] if "containers" in report else [])]
     return "\n\n".join(
         f"{table['setting']}: {table['nodes']} nodes, {report['rounds']} rounds; rounds 2..T; "
@@ -214,7 +215,7 @@ def _deployment_tables(name: str, report: dict[str, Any]) -> str:
     )
 
 
-def _aggregation_table(name: str, report: dict[str, Any]) -> str:
+def _aggregation_table(report: dict[str, Any]) -> str:
     rows = [
         [
             r["k"],
@@ -246,7 +247,7 @@ def _aggregation_table(name: str, report: dict[str, Any]) -> str:
     return f"model: {report['model']} ({parameters:,} parameters)\n\n" + markdown_table(header, rows)
 
 
-def _ufl_cost_table(name: str, report: dict[str, Any]) -> str:
+def _ufl_cost_table(report: dict[str, Any]) -> str:
     rows = [
         [
             r["model"],
@@ -275,7 +276,7 @@ def _ufl_cost_table(name: str, report: dict[str, Any]) -> str:
     )
 
 
-def _allocator_table(name: str, report: dict[str, Any]) -> str:
+def _allocator_table(report: dict[str, Any]) -> str:
     rows = [
         [
             r["process"],
@@ -301,7 +302,7 @@ def _allocator_table(name: str, report: dict[str, Any]) -> str:
     )
 
 
-def _checkpoint_table(name: str, report: dict[str, Any]) -> str:
+def _checkpoint_table(report: dict[str, Any]) -> str:
     rows = [
         [
             r["model"],
@@ -315,7 +316,7 @@ def _checkpoint_table(name: str, report: dict[str, Any]) -> str:
     return markdown_table(["model", "state MB", "checkpoint", "round waits ms (median)", "p90 ms"], rows)
 
 
-def _fine_tuning_table(name: str, report: dict[str, Any]) -> str:
+def _fine_tuning_table(report: dict[str, Any]) -> str:
     on_gpu = report.get("device", "cpu") == "cuda"
     digits = 4 if on_gpu else 2
     rows = [
@@ -389,11 +390,11 @@ def _feddle_tables(report: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def _feddle_cost_table(name: str, report: dict[str, Any]) -> str:
+def _feddle_cost_table(report: dict[str, Any]) -> str:
     return _feddle_tables(report)
 
 
-def _gpu_evidence_table(name: str, report: dict[str, Any]) -> str:
+def _gpu_evidence_table(report: dict[str, Any]) -> str:
     """One row a step, cases in the order they ran (value per estimated minute), each with what it found or why not."""
     rows = [
         [
@@ -414,15 +415,15 @@ def _gpu_evidence_table(name: str, report: dict[str, Any]) -> str:
     return head + "\n\n" + markdown_table(header, rows)
 
 
-TABLES: dict[str, Callable[[str, dict[str, Any]], str]] = {
+TABLES: dict[str, Callable[[dict[str, Any]], str]] = {
     "overhead": _overhead_tables,
-    "gpu-overhead": _overhead_tables,
+    "gpu-overhead": functools.partial(_overhead_tables, gpu=True),
     "methods": _methods_table,
     "scale": _scale_table,
     "deployment": _deployment_tables,
     "aggregation": _aggregation_table,
     "ufl-cost": _ufl_cost_table,
-    "feddle-cost": lambda name, report: _feddle_tables(report),
+    "feddle-cost": _feddle_tables,
     "allocator": _allocator_table,
     "checkpoint": _checkpoint_table,
     "fine-tuning": _fine_tuning_table,
@@ -435,4 +436,4 @@ def render_table(name: str, report: dict[str, Any]) -> str:
     """The markdown table of one benchmark's report."""
     if name not in TABLES:
         raise ValueError(f"unknown benchmark {name!r}")
-    return TABLES[name](name, report)
+    return TABLES[name](report)
