@@ -242,15 +242,14 @@ def _cmd_stop_superlink(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from fedweigh.methods import METHODS
+    from fedweigh.methods.catalog import SIGNALS, STEPS
+    from fedweigh.methods.registry import METHODS, RULES
     from fedweigh.models import model_names, model_options
-    from fedweigh.protocol import SIGNALS, STEPS
-    from fedweigh.rules.registry import RULES
 
     print("strategy = ...            (its rule; the client steps of its local objective)")
     for method in METHODS.values():
         extras = ", ".join([*method.steps, *(["proximal term"] if method.proximal else [])])
-        print(f"  {method.name:<14} {method.meaning} [rule {method.rule}{'; ' + extras if extras else ''}]")
+        print(f"  {method.name:<14} {method.meaning} [rule {method.rule.name}{'; ' + extras if extras else ''}]")
     print('\naggregation = ...         ("" = the strategy\'s own; options in the table named)')
     for rule in RULES.values():
         print(f"  {rule.name:<14} {rule.meaning}" + (f" [{rule.table}.*]" if rule.table else ""))

@@ -13,7 +13,7 @@
 * ``evaluate``: loss and accuracy of the global model on the local partition.
 
 It imports no server code: the steps come from
-:mod:`fedweigh.client.registry`, the message format from
+:mod:`fedweigh.methods.registry`, the message format from
 :mod:`fedweigh.protocol`.
 
 The node's data comes from its node config, as set with

@@ -63,8 +63,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedweigh.methods.catalog import SIGNALS, STEPS
 from fedweigh.options import FAULT_KINDS
-from fedweigh.protocol import MODEL_ROUND, SIGNALS, STEPS, TRAIN_LOSS, ConfigValue
+from fedweigh.protocol import MODEL_ROUND, TRAIN_LOSS, ConfigValue
 from fedweigh.settings import Settings
 
 FAULT_STREAM = 0xFA17

@@ -30,7 +30,7 @@ profiler counts):
   follows its implementation in :mod:`fedweigh.strategies` (additions,
   multiplications, divisions and square roots; comparisons and sorting are
   not floating-point arithmetic and are not counted).
-* ``fedma-simplified`` (:mod:`fedweigh.strategies.fedma`) matches each
+* ``fedma-simplified`` (:mod:`fedweigh.methods.fedma_simplified.server`) matches each
   matched tensor of ``K - 1`` clients to the first client's: the Euclidean
   distances of its ``r`` rows of ``c`` entries to the reference's rows cost
   ``r^2 (3c - 1)`` (subtract, square, sum) plus ``r^2`` square roots, exactly
@@ -62,7 +62,6 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -71,14 +70,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from fedweigh.methods.fedma_simplified.server import is_matched
+from fedweigh.methods.registry import METHOD_COSTS
 from fedweigh.models import build_model
-from fedweigh.strategies.fedma import is_matched
 
 if TYPE_CHECKING:
     from fedweigh.data.description import DatasetInfo
-
-PROXIMAL_FLOPS_PER_PARAMETER = 6
-"""FedProx's extra element-wise FLOPs per trainable parameter and local step (see the module docstring)."""
 
 
 # ---------------------------------------------------------------------------
@@ -154,86 +151,6 @@ def local_training_flops(step_flops: Callable[[int], int], num_samples: int, loc
     if remainder:
         per_epoch += step_flops(remainder)
     return local_epochs * per_epoch
-
-
-# ---------------------------------------------------------------------------
-# strategies
-# ---------------------------------------------------------------------------
-
-
-def _sample_count_weighting(num_clients: int) -> int:
-    return 2 * num_clients - 1  # sum, then one division per client
-
-
-def _uniform_weighting(num_clients: int) -> int:
-    return 1  # 1 / K
-
-
-def _complement_share_weighting(num_clients: int) -> int:
-    if num_clients == 1:
-        return 0
-    # divide by the maximum, sum, divide, subtract from 1, sum, divide
-    return 6 * num_clients - 2
-
-
-def _loss_deviation_weighting(num_clients: int) -> int:
-    median = 2 if num_clients % 2 == 0 else 0  # mean of the two middle values
-    standard_deviation = 4 * num_clients + 1  # mean, subtract, square, sum, divide, sqrt
-    scale = num_clients  # divide by the largest magnitude
-    deviations = 2 * num_clients  # subtract the median, divide by sigma
-    reciprocal_and_normalize = num_clients + (2 * num_clients - 1)
-    return scale + median + standard_deviation + deviations + reciprocal_and_normalize
-
-
-def _no_extra(trainable_parameters: int) -> int:
-    return 0
-
-
-def _no_matching(num_clients: int, matched: Sequence[tuple[int, int]]) -> int:
-    return 0
-
-
-def _row_matching(num_clients: int, matched: Sequence[tuple[int, int]]) -> int:
-    """``fedma-simplified``'s matching: per other client and matched ``(rows r, row length c)``, distances and the
-    assignment bound (module docstring)."""
-    per_client = sum(rows * rows * (3 * length - 1) + rows * rows + 2 * rows**3 for rows, length in matched)
-    return (num_clients - 1) * per_client
-
-
-def _proximal_extra(trainable_parameters: int) -> int:
-    return PROXIMAL_FLOPS_PER_PARAMETER * trainable_parameters
-
-
-@dataclass(frozen=True)
-class MethodCost:
-    """What a strategy adds to plain local training and averaging, in FLOPs.
-
-    Attributes
-    ----------
-    weighting : callable
-        Server FLOPs to turn ``K`` clients' signals into weights, ``K -> int``.
-    extra_per_step : callable
-        Client FLOPs added to every local step, ``d -> int`` for ``d``
-        trainable parameters.
-    matching : callable
-        Server FLOPs to align ``K`` client models before averaging,
-        ``(K, [(rows, row length) of each matched tensor]) -> int``.
-    """
-
-    weighting: Callable[[int], int]
-    extra_per_step: Callable[[int], int] = _no_extra
-    matching: Callable[[int, Sequence[tuple[int, int]]], int] = _no_matching
-
-
-METHOD_COSTS: dict[str, MethodCost] = {
-    "fedavg": MethodCost(_sample_count_weighting),
-    "fedprox": MethodCost(_sample_count_weighting, _proximal_extra),
-    "uniform": MethodCost(_uniform_weighting),
-    "fednolowe": MethodCost(_complement_share_weighting),
-    "fedasl": MethodCost(_loss_deviation_weighting),
-    "fedma-simplified": MethodCost(_uniform_weighting, matching=_row_matching),
-}
-"""Strategies whose round cost this module can count, by registry name."""
 
 
 @lru_cache(maxsize=256)

@@ -59,18 +59,17 @@ from fedweigh.components import batch_transform, data_spec, input_of, new_model,
 from fedweigh.data.federated import dataset_info, partition_sizes
 from fedweigh.data.sources import check_local_dataset, validate_dataset_setting
 from fedweigh.faults import STALL_TIMEOUT_LIMIT
-from fedweigh.methods import METHODS, RunPlan, plan_run
+from fedweigh.methods.catalog import STEPS
+from fedweigh.methods.registry import METHODS, RULES, RunPlan, plan_run
 from fedweigh.models import model_names, model_options
 from fedweigh.models.finetuning import exchanged_state
 from fedweigh.models.weights import WeightsUnavailable, fetch
 from fedweigh.options import FLOAT32_MAX
-from fedweigh.protocol import STEPS, TrainRecipe
+from fedweigh.protocol import TrainRecipe
 from fedweigh.results import CHECKPOINT_FILE, CONFIG_FILE, Checkpoint
-from fedweigh.rules.registry import RULES
 from fedweigh.run_folder import recorded_partitions, recorded_settings, run_files, shaping_differences
 from fedweigh.settings import Catalog, Settings, SettingsError, flatten, validate
 from fedweigh.strategies.build import train_instruction
-from fedweigh.strategies.registry import UPDATES
 from fedweigh.strategies.sampling import sample_size
 from fedweigh.strategies.updates import WeightedMean
 from fedweigh.tracking import tracking_problems
@@ -96,7 +95,7 @@ def combination_problems(settings: Settings) -> list[str]:
     """Settings that are valid alone but not together, each naming both settings."""
     plan = plan_run(settings)
     problems = []
-    update = UPDATES[plan.update]
+    update = plan.update
     if settings.aggregation and not update.uses_weights:
         problems.append(
             f"aggregation = {settings.aggregation!r} cannot be combined with strategy = {settings.strategy!r}: "
@@ -124,7 +123,7 @@ def combination_problems(settings: Settings) -> list[str]:
             f"accepted: round-timeout <= {STALL_TIMEOUT_LIMIT:g} with stall faults (e.g. round-timeout = 30)"
         )
     try:
-        RULES[plan.rule].build(settings)
+        plan.rule.build(settings)
     except ValueError as err:
         problems.append(f"{plan.rule_origin}: {err}")
     if settings.mixed_precision == "fp16" and settings.device == "cpu":
@@ -490,7 +489,7 @@ def _buffer_problems(settings: Settings, sampled: int, num_partitions: int) -> l
     """A FedBuff buffer larger than all the updates the run can ever receive: it would never step."""
     buffer_size = settings.fedbuff.buffer_size
     arriving = settings.num_server_rounds * sampled
-    if METHODS[settings.strategy].update != "fedbuff" or buffer_size <= arriving:
+    if METHODS[settings.strategy].update.name != "fedbuff" or buffer_size <= arriving:
         return []
     return [
         f"strategy = {settings.strategy!r} with fedbuff.buffer-size = {buffer_size} would never step: at most "

@@ -8,9 +8,13 @@ Everything a server and a client must agree on lives here and nowhere else:
 * the **reply**: the metric keys every train reply carries (``num-examples``,
   ``train_loss``, ``partition-id``, ``model-round``, ...);
 * the **signals**: what a client measures for a weighting rule, which client
-  step produces it, and which values are valid (:data:`SIGNALS`);
-* the **client steps** by name: the signals each produces and the run-config
-  table holding its options (:data:`STEPS`);
+  step produces it, and which values are valid (:class:`Signal`);
+* the **client steps**: the signals each produces and the run-config
+  table holding its options (:class:`StepSpec`);
+
+each method declares its own signals, steps and options tables in its
+package (``fedweigh/methods/<method>/protocol.py``), and
+:mod:`fedweigh.methods.catalog` gathers them;
 * the keys of a node's config and of its answer to the server's ``query``.
 
 A step's options travel under their run-config keys (``oui.probe-size``):
@@ -26,8 +30,6 @@ Example
 (2, 0.01)
 >>> TrainRecipe.from_config(config) == recipe
 True
->>> SIGNALS[OUI].producer, STEPS["ufl"].produces
-('oui', ('uncertainty', 'uncertainty-mean'))
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ METRICS = "metrics"
 SERVER_ROUND = "server-round"
 """The round an instruction belongs to (and whose global model it carries)."""
 CLIENT_STEPS = "client-steps"
-"""Names of the client steps to run, in order (see :data:`STEPS`)."""
+"""Names of the client steps to run, in order (see :data:`fedweigh.methods.catalog.STEPS`)."""
 FROZEN_DIGEST = "frozen-digest"
 """Hash of the model's frozen part (a pretrained body under LoRA), which never travels: a client whose
 own differs refuses the instruction. Absent when every tensor trains (and travels)."""
@@ -217,22 +219,8 @@ class Signal:
     meaning: str
 
 
-OUI = "oui"
-UNCERTAINTY = "uncertainty"
-UNCERTAINTY_MEAN = "uncertainty-mean"
-OOD_SCORE = "ood-score"
-
-SIGNALS: dict[str, Signal] = {
-    signal.name: signal
-    for signal in (
-        Signal(TRAIN_LOSS, None, finite_non_negative, "mean training loss of the round's local training"),
-        Signal(OUI, "oui", in_unit_interval, "OUI of the trained model on the client's probe batch"),
-        Signal(UNCERTAINTY, "ufl", finite_non_negative, "U_k: summed MC-dropout uncertainty of the selected samples"),
-        Signal(UNCERTAINTY_MEAN, "ufl", finite_non_negative, "U_k / m_k: mean uncertainty of the selected samples"),
-        Signal(OOD_SCORE, "ood-score", finite, "φ: mean OOD score of the trained model on the client's own data"),
-    )
-}
-"""Every client signal, by name."""
+TRAIN_LOSS_SIGNAL = Signal(TRAIN_LOSS, None, finite_non_negative, "mean training loss of the round's local training")
+"""The signal every train reply carries; the methods' own are in their packages (:mod:`fedweigh.methods.catalog`)."""
 
 
 # ---------------------------------------------------------------------------
@@ -249,7 +237,7 @@ class StepSpec:
     name : str
         What the train config's ``client-steps`` lists.
     produces : tuple of str
-        The signals it reports (keys of :data:`SIGNALS`).
+        The signals it reports (keys of :data:`fedweigh.methods.catalog.SIGNALS`).
     options : str or None
         The run-config table with its options (``ufl`` for ``ufl.mc-passes``),
         sent with every instruction that runs it.
@@ -261,47 +249,6 @@ class StepSpec:
     produces: tuple[str, ...]
     options: str | None
     meaning: str
-
-
-STEPS: dict[str, StepSpec] = {
-    spec.name: spec
-    for spec in (
-        StepSpec("oui", (OUI,), "oui", "after training: the OUI of the trained model on a fixed probe batch"),
-        StepSpec(
-            "ufl",
-            (UNCERTAINTY, UNCERTAINTY_MEAN),
-            "ufl",
-            "before training: MC-dropout uncertainty; the most uncertain samples weigh more in the loss",
-        ),
-        StepSpec("ufl-dropout", (), "ufl", "only the dropout UFL trains with, for baselines of the same architecture"),
-        StepSpec(
-            "asw",
-            (),
-            "flood",
-            "during training: the pseudo-OOD samples of each batch (lowest OOD scores) weigh λ(t) in the loss",
-        ),
-        StepSpec("ood-score", (OOD_SCORE,), "flood", "after training: φ, the trained model's mean OOD score"),
-    )
-}
-"""Every client step, by name; :mod:`fedweigh.client.registry` holds their code."""
-
-
-ASW_LAMBDA = "asw-lambda"
-"""Round value for the ``asw`` step: FLood's λ(t), which the server computes each round."""
-
-
-def producers(signals: tuple[str, ...] | list[str]) -> list[str]:
-    """The client steps that produce ``signals``, in order, without repeats.
-
-    >>> producers(["train_loss", "oui", "uncertainty", "uncertainty-mean"])
-    ['oui', 'ufl']
-    """
-    steps: list[str] = []
-    for name in signals:
-        producer = SIGNALS[name].producer
-        if producer is not None and producer not in steps:
-            steps.append(producer)
-    return steps
 
 
 Table = TypeVar("Table", bound=BaseModel)

@@ -23,11 +23,11 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedweigh.arrays import decode, encode, to_tensors
 from fedweigh.client.training import evaluate
-from fedweigh.client.ufl import model_uncertainty, u_tail
 from fedweigh.components import batch_transform, configure_torch, new_model, resolve_device, server_and_test_data
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.flower import objects
 from fedweigh.flower.engine import prepare_if_simulating
+from fedweigh.methods.ufl.client import model_uncertainty, u_tail
 from fedweigh.models import on_device
 from fedweigh.models.finetuning import exchanged_state, frozen_digest, load_exchanged_state
 from fedweigh.preflight import check_run, federation_problems
@@ -122,7 +122,7 @@ def final_u_tail(
 ) -> dict[str, float]:
     """The tail of ``u`` of the final model on the test set (``final-uncertainty`` passes; empty when 0).
 
-    The clients' MC dropout (:func:`fedweigh.client.ufl.model_uncertainty`),
+    The clients' MC dropout (:func:`fedweigh.methods.ufl.client.model_uncertainty`),
     with the run's ``ufl.*`` dropout options and its seed.
     """
     if settings.final_uncertainty == 0:

@@ -5,8 +5,9 @@ dotted keys (``fedprox.proximal-mu``). :func:`validate` turns it into a
 :class:`Settings` object and fails *before any training* with one message that
 names every bad setting, its value and what is accepted.
 
-This module sits at the bottom of the package and imports only its sibling
-:mod:`fedweigh.options` (the tables of options) and :mod:`fedweigh.protocol`. Which
+This module sits at the bottom of the package and imports only
+:mod:`fedweigh.options`, :mod:`fedweigh.protocol` and the methods' tables
+of options (:mod:`fedweigh.methods.catalog`). Which
 names a setting accepts (strategies, aggregation rules, client steps, models
 and their options, datasets) belongs to the layers that define them; they hand
 their tables in as a :class:`Catalog` (:func:`fedweigh.preflight.parse_settings`
@@ -38,29 +39,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, create_model, field_validator, model_validator
 
-from fedweigh.options import (
-    INT64_ACCEPTED,
-    CenterSettings,
-    DACSettings,
-    FaultSettings,
-    FedAlignSettings,
-    FedAslSettings,
-    FedAsyncSettings,
-    FedBuffSettings,
-    FeddleSettings,
-    FedFTSettings,
-    FedMASimplifiedSettings,
-    FedOUISettings,
-    FedProxSettings,
-    FLoodSettings,
-    OptionsTable,
-    OUIProbeSettings,
-    UAggSettings,
-    UFLSettings,
-    comma_list,
-)
+from fedweigh.methods.catalog import OPTION_TABLES
+from fedweigh.options import INT64_ACCEPTED, FaultSettings, OptionsTable, comma_list
 from fedweigh.protocol import dashed
 
 
@@ -123,8 +105,8 @@ TRACKERS = ("tensorboard", "mlflow")
 """What ``tracking`` may name, comma-separated (or ``none``); :mod:`fedweigh.tracking` says what each one writes."""
 
 
-class Settings(OptionsTable):
-    """Every setting of a run; docs/guide.md (Settings) says what each one does."""
+class RunSettings(OptionsTable):
+    """The settings of a run besides the methods' tables; :data:`Settings` adds those."""
 
     # run
     strategy: str = "fedavg"
@@ -218,22 +200,7 @@ class Settings(OptionsTable):
     final_uncertainty: int = Field(0, ge=0)
     # extra client steps on top of the strategy's and the rule's, comma-separated (e.g. "ufl-dropout")
     client_steps: str = ""
-    # per-method tables
-    fedprox: FedProxSettings = FedProxSettings()
-    fedoui: FedOUISettings = FedOUISettings()
-    oui: OUIProbeSettings = OUIProbeSettings()
-    fedalign: FedAlignSettings = FedAlignSettings()
-    fedasl: FedAslSettings = FedAslSettings()
-    fedma_simplified: FedMASimplifiedSettings = FedMASimplifiedSettings()
-    ufl: UFLSettings = UFLSettings()
-    uagg: UAggSettings = UAggSettings()
-    flood: FLoodSettings = FLoodSettings()
-    dac: DACSettings = DACSettings()
-    fedbuff: FedBuffSettings = FedBuffSettings()
-    feddle: FeddleSettings = FeddleSettings()
-    fedasync: FedAsyncSettings = FedAsyncSettings()
-    center: CenterSettings = CenterSettings()
-    fedft: FedFTSettings = FedFTSettings()
+    # fault injection (the methods' own tables are added by Settings below)
     faults: FaultSettings = FaultSettings()
 
     @field_validator("strategy")
@@ -386,6 +353,22 @@ class Settings(OptionsTable):
     def data_seed(self) -> int:
         """The seed of the data split: ``partition-seed``, or the run's seed when that is -1."""
         return self.seed if self.partition_seed < 0 else self.partition_seed
+
+
+def python_name(table: str) -> str:
+    """A run-config table's name as a :class:`Settings` field (``fedma-simplified`` -> ``fedma_simplified``)."""
+    return table.replace("-", "_")
+
+
+Settings = create_model(  # type: ignore[call-overload]
+    "Settings",
+    __base__=RunSettings,
+    __module__=__name__,
+    __doc__="Every setting of a run, with every method's table (``settings.fedoui``); docs/guide.md (Settings).",
+    **{python_name(table): (model, model()) for table, model in OPTION_TABLES.items()},
+)
+"""Every setting of a run: :class:`RunSettings` and each method's options table
+(:data:`fedweigh.methods.catalog.OPTION_TABLES`) as a field of the same name."""
 
 
 def hidden_sizes(value: str) -> tuple[int, ...]:

@@ -93,7 +93,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from fedweigh.protocol import SIGNALS
+from fedweigh.methods.catalog import SIGNALS
 from fedweigh.settings import Settings, flatten
 
 logger = logging.getLogger("flwr.fedweigh")

@@ -26,7 +26,7 @@ def main(root: Path) -> None:
     from conftest import QUICK_RUN, STRATEGY_OPTIONS
     from loopback import run_in_process
 
-    from fedweigh.methods import METHODS
+    from fedweigh.methods.registry import METHODS
     from fedweigh.results import read_metrics, without_timing
 
     out = Path(tempfile.mkdtemp())

@@ -19,7 +19,7 @@ import json
 import pytest
 from conftest import QUICK_RUN, STRATEGY_OPTIONS
 
-from fedweigh.methods import METHODS
+from fedweigh.methods.registry import METHODS
 from fedweigh.results import MODEL_FILE, SUMMARY_FILE, read_metrics, without_timing
 
 pytestmark = pytest.mark.xdist_group("in-process-runs")  # with test_resume.py: the first runs are shared

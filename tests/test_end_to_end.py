@@ -15,15 +15,13 @@ import pytest
 import torch
 from loopback import run_in_process
 
-from fedweigh.methods import METHODS
+from fedweigh.methods.registry import METHODS, RULES
 from fedweigh.preflight import parse_settings
 from fedweigh.results import Checkpoint, read_metrics
 from fedweigh.rules.base import RoundSignals, complement_share_weights
-from fedweigh.rules.registry import RULES
-from fedweigh.strategies.registry import UPDATES
 
 STRATEGIES = sorted(METHODS)
-WEIGHTED = [name for name in STRATEGIES if UPDATES[METHODS[name].update].uses_weights]
+WEIGHTED = [name for name in STRATEGIES if METHODS[name].update.uses_weights]
 SMALL = {"num-server-rounds": 2, "fraction-train": 0.5, "seed": 3}
 SERVER_DATA = {"server-data": "id", "server-data-size": 60}
 OWN_SETTINGS = {  # the strategies that train on the server's own data get some (60 of the 360 test images)

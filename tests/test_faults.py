@@ -24,9 +24,13 @@ from hypothesis import strategies as st
 from loopback import run_in_process
 
 from fedweigh.faults import EXTRA_TENSOR, FaultPlan, corrupt_arrays, corrupt_metrics, invalid_value
-from fedweigh.methods import METHODS
+from fedweigh.methods.catalog import SIGNALS
+from fedweigh.methods.fedoui.protocol import OUI
+from fedweigh.methods.flood.protocol import OOD_SCORE
+from fedweigh.methods.registry import METHODS
+from fedweigh.methods.ufl.protocol import UNCERTAINTY
 from fedweigh.options import FAULT_KINDS
-from fedweigh.protocol import MODEL_ROUND, NUM_EXAMPLES, OOD_SCORE, OUI, SIGNALS, TRAIN_LOSS, UNCERTAINTY
+from fedweigh.protocol import MODEL_ROUND, NUM_EXAMPLES, TRAIN_LOSS
 from fedweigh.results import read_metrics
 from fedweigh.settings import validate
 

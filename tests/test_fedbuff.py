@@ -24,7 +24,11 @@ from flwr.app import ConfigRecord, Message, Metadata, MetricRecord, RecordDict
 from flwr.app.message.message import make_message
 
 from fedweigh.arrays import decode, encode
-from fedweigh.options import FedAsyncSettings, FedBuffSettings, FeddleSettings
+from fedweigh.methods.fedasync.protocol import FedAsyncSettings
+from fedweigh.methods.fedbuff.protocol import FedBuffSettings
+from fedweigh.methods.fedbuff.server import BufferedStep, buffered_step, staleness_weight
+from fedweigh.methods.feddle.protocol import FeddleSettings
+from fedweigh.methods.feddle.update import FallbackStep, FeddleUpdate
 from fedweigh.preflight import check_run
 from fedweigh.protocol import (
     ARRAYS,
@@ -40,8 +44,6 @@ from fedweigh.results import Checkpoint
 from fedweigh.settings import SettingsError, validate
 from fedweigh.strategies.build import build_strategy
 from fedweigh.strategies.deadline import DeadlineGrid
-from fedweigh.strategies.fedbuff import BufferedStep, buffered_step, staleness_weight
-from fedweigh.strategies.feddle import FallbackStep, FeddleUpdate
 from fedweigh.strategies.updates import RoundUpdate
 
 # ---------------------------------------------------------------------------

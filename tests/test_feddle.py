@@ -17,18 +17,19 @@ from fedweigh.data.description import DatasetInfo
 from fedweigh.data.server import ServerData, hold_out, load_other_dataset, match_shape
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
-from fedweigh.results import SEARCH_SECONDS, TIMING_FIELDS
-from fedweigh.settings import validate
-from fedweigh.strategies.atlas import (
+from fedweigh.methods.fedasync.server import AsyncMixing
+from fedweigh.methods.feddle.atlas import (
     ModelAtlas,
     coefficient_gradient,
     fallback_coefficients,
     median_norm_ratios,
     merged,
 )
-from fedweigh.strategies.feddle import FallbackStep, FeddleUpdate, ParameterView, SearchOptions
-from fedweigh.strategies.server_training import epochs_in_round
-from fedweigh.strategies.updates import AsyncMixing, RoundUpdate
+from fedweigh.methods.feddle.server_training import epochs_in_round
+from fedweigh.methods.feddle.update import FallbackStep, FeddleUpdate, ParameterView, SearchOptions
+from fedweigh.results import SEARCH_SECONDS, TIMING_FIELDS
+from fedweigh.settings import validate
+from fedweigh.strategies.updates import RoundUpdate
 
 # ---------------------------------------------------------------------------
 # the atlas: normalisation, eviction, fallback, gradient

@@ -10,12 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from loopback import run_in_process
 
-from fedweigh.methods import METHODS
+from fedweigh.methods.fedma_simplified.server import FedMASimplified, match_rows, matched_mean
+from fedweigh.methods.registry import METHODS, UPDATES
 from fedweigh.preflight import check_run
 from fedweigh.results import read_metrics
 from fedweigh.settings import SettingsError
-from fedweigh.strategies.fedma import FedMASimplified, match_rows, matched_mean
-from fedweigh.strategies.registry import UPDATES
 from fedweigh.strategies.updates import RoundUpdate
 
 
@@ -100,7 +99,7 @@ def test_the_update_ignores_the_rules_weights_and_records_the_rows_moved():
     assert FedMASimplified()(update)["w"].ravel().tolist() == [0.0, 10.0]
     assert update.diagnostics["rows-moved"] == 2
     assert UPDATES["fedma-simplified"] is FedMASimplified and not FedMASimplified.uses_weights
-    assert METHODS["fedma-simplified"].update == "fedma-simplified"
+    assert METHODS["fedma-simplified"].update.name == "fedma-simplified"
 
 
 def test_a_skip_layer_the_model_lacks_is_refused_before_training():

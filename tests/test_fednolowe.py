@@ -20,23 +20,19 @@ from fedweigh.data.description import DatasetInfo
 from fedweigh.data.loader import batches
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
-from fedweigh.flops import (
-    PROXIMAL_FLOPS_PER_PARAMETER,
-    local_training_flops,
-    round_flops,
-    training_step_flops,
-)
-from fedweigh.options import FedAslSettings
-from fedweigh.preflight import parse_settings
-from fedweigh.protocol import TrainRecipe
-from fedweigh.rules.base import ComplementShareRule, RoundSignals, complement_share_weights
-from fedweigh.rules.fedasl import (
+from fedweigh.flops import local_training_flops, round_flops, training_step_flops
+from fedweigh.methods.costs import PROXIMAL_FLOPS_PER_PARAMETER
+from fedweigh.methods.fedasl.protocol import FedAslSettings
+from fedweigh.methods.fedasl.server import (
     FEDASL_ALPHA,
     FEDASL_BETA,
     LossDeviationRule,
     loss_deviation_distances,
     loss_deviation_weights,
 )
+from fedweigh.preflight import parse_settings
+from fedweigh.protocol import TrainRecipe
+from fedweigh.rules.base import ComplementShareRule, RoundSignals, complement_share_weights
 from fedweigh.settings import SettingsError
 from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.build import build_strategy

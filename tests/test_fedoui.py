@@ -15,19 +15,17 @@ from hypothesis import strategies as st
 from scipy import stats
 from torch import nn
 
-from fedweigh.client.oui import oui, probe_indices
 from fedweigh.client.registry import STEP_CLASSES, build_steps
 from fedweigh.client.steps import StepContext
 from fedweigh.data.description import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
-from fedweigh.models import build_model
-from fedweigh.options import FedAlignSettings, FedOUISettings, OUIProbeSettings
-from fedweigh.preflight import parse_settings
-from fedweigh.rules import fedoui as fedoui_module
-from fedweigh.rules.base import RoundSignals
-from fedweigh.rules.fedalign import AlignmentRule, alignment_weights, update_cosines
-from fedweigh.rules.fedoui import (
+from fedweigh.methods.fedalign.protocol import FedAlignSettings
+from fedweigh.methods.fedalign.server import AlignmentRule, alignment_weights, update_cosines
+from fedweigh.methods.fedoui import server as fedoui_module
+from fedweigh.methods.fedoui.client import oui, probe_indices
+from fedweigh.methods.fedoui.protocol import FedOUISettings, OUIProbeSettings
+from fedweigh.methods.fedoui.server import (
     OUIBetaRule,
     beta_mle,
     beta_moments,
@@ -36,6 +34,9 @@ from fedweigh.rules.fedoui import (
     fit_oui_beta,
     rank_percentile_scores,
 )
+from fedweigh.models import build_model
+from fedweigh.preflight import parse_settings
+from fedweigh.rules.base import RoundSignals
 from fedweigh.strategies.build import build_strategy
 
 # Round 59 of the authors' released alpha = 0.1 run (FedOUI repo, results/tables/report_oui_snapshot.csv):

@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 from test_experiments import DEFAULTS
 from test_fedoui import DropoutNet, step_context
 
-from fedweigh.client.oui import probe_generator, probe_indices
 from fedweigh.client.registry import STEP_CLASSES
 from fedweigh.components import batch_transform, input_of
 from fedweigh.data.federated import DataSpec, clear_caches, load_partition, partition_sizes
 from fedweigh.data.partitioning import build_partitioner
 from fedweigh.data.soft_capped import class_split, soft_capped_dirichlet
+from fedweigh.methods.fedoui.client import probe_generator, probe_indices
 from fedweigh.preflight import check_run
 from fedweigh.settings import SettingsError, validate
 
@@ -190,7 +190,7 @@ def test_a_train_transform_probe_is_augmented_anew_every_round_and_reproducible(
     images = context.data.images[positions]
     augmented = context.transform(images, train=True, generator=probe_generator(5, 3, 1))
     with torch.no_grad():
-        from fedweigh.client.oui import oui
+        from fedweigh.methods.fedoui.client import oui
 
         assert first["oui"] == oui(model.hidden(augmented.flatten(1)))
     assert not torch.equal(augmented, context.transform(images, train=False))

@@ -13,7 +13,12 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from torch import nn
 
-from fedweigh.client.flood import (
+from fedweigh.client.steps import StepContext
+from fedweigh.client.training import train_locally
+from fedweigh.data.description import DatasetInfo
+from fedweigh.data.tensors import ImageTensors
+from fedweigh.data.transforms import BatchTransform
+from fedweigh.methods.flood.client import (
     ASWStep,
     ASWWeighting,
     OODScoreStep,
@@ -26,18 +31,13 @@ from fedweigh.client.flood import (
     msp_score,
     pseudo_ood_mask,
 )
-from fedweigh.client.steps import StepContext
-from fedweigh.client.training import train_locally
-from fedweigh.data.description import DatasetInfo
-from fedweigh.data.tensors import ImageTensors
-from fedweigh.data.transforms import BatchTransform
+from fedweigh.methods.flood.protocol import ASW_LAMBDA, OOD_SCORE
+from fedweigh.methods.flood.server import DACRule, PseudoOODWeight, dac_weights, pseudo_ood_weight, score_shares
 from fedweigh.preflight import parse_settings
-from fedweigh.protocol import ASW_LAMBDA, OOD_SCORE, TrainRecipe
+from fedweigh.protocol import TrainRecipe
 from fedweigh.rules.base import RoundSignals
-from fedweigh.rules.dac import DACRule, dac_weights, score_shares
 from fedweigh.settings import SettingsError
 from fedweigh.strategies.build import build_strategy
-from fedweigh.strategies.schedules import PseudoOODWeight, pseudo_ood_weight
 
 INFO = DatasetInfo(3, 1, 4, (0.5,), (0.25,), "none", "image", "label")
 CPU = torch.device("cpu")

@@ -58,13 +58,11 @@ from fedweigh.client.registry import STEP_CLASSES
 from fedweigh.components import settings_from
 from fedweigh.experiments.spec import ExperimentError, load_experiment
 from fedweigh.launch.runconfig import build_run_config_arg, load_app_config, parse_run_config, prepare_run_config
-from fedweigh.methods import METHODS
+from fedweigh.methods.registry import METHODS, RULES
 from fedweigh.models import model_names
 from fedweigh.preflight import check_run
 from fedweigh.results import read_metrics
-from fedweigh.rules.registry import RULES
 from fedweigh.settings import PARTITIONERS, Settings, SettingsError
-from fedweigh.strategies.registry import UPDATES
 from fedweigh.strategies.updates import WeightedMean
 
 APP = load_app_config(REPO)
@@ -307,7 +305,7 @@ def cheap_runs(draw: st.DrawFn) -> dict[str, Any]:
     other settings take any value of their type, mostly in range.
     """
     strategy = draw(st.sampled_from(sorted(METHODS)))
-    update = UPDATES[METHODS[strategy].update]
+    update = METHODS[strategy].update
     kinds, fraction = draw(st.sampled_from(FAULTS))
     staleness = draw(st.integers(0, 2))
     config = {

@@ -9,7 +9,11 @@ import name`` depends on ``pkg.name`` when that is a module, else on ``pkg``.
 from __future__ import annotations
 
 import ast
+import fnmatch
 import functools
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +32,9 @@ LAYERS: list[set[str]] = [
         "fedweigh.faults",
         "fedweigh.flower",  # Flower changes: Flower, the standard library, and (the engine) settings
         "fedweigh.allocator",
+        "fedweigh.methods.catalog",  # the methods' options, signals and step names, gathered from:
+        "fedweigh.methods.*.protocol",
+        "fedweigh.methods.costs",
     },
     {
         "fedweigh.data",
@@ -37,6 +44,7 @@ LAYERS: list[set[str]] = [
         "fedweigh.results",
         "fedweigh.run_folder",
         "fedweigh.tracking",
+        "fedweigh.methods.*.client",
     },
     {"fedweigh.methods", "fedweigh.components", "fedweigh.strategies", "fedweigh.preflight", "fedweigh.flops"},
     {"fedweigh.server_app", "fedweigh.client_app", "fedweigh.launch"},
@@ -58,6 +66,10 @@ def imported(module: str, path: Path, modules: dict[str, Path]) -> Iterator[str]
     """Every fedweigh module ``module`` imports, wherever the import statement stands."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and _gathers(node):  # a method package's modules, found at run time
+            part = node.args[0].value
+            yield from (name for name in modules if fnmatch.fnmatchcase(name, f"fedweigh.methods.*.{part}"))
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -69,6 +81,14 @@ def imported(module: str, path: Path, modules: dict[str, Path]) -> Iterator[str]
         else:
             continue
         yield from (target for target in targets if target in modules and target != module)
+
+
+def _gathers(node: ast.Call) -> bool:
+    """``gather("server", ...)`` or ``package_modules("client")``: :mod:`fedweigh.methods.catalog` importing
+    every method package's module of that name; the graph holds those imports as edges."""
+    name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+    first = node.args[0] if node.args else None
+    return name in ("gather", "package_modules") and isinstance(first, ast.Constant) and isinstance(first.value, str)
 
 
 @functools.cache
@@ -112,9 +132,15 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+EXACT = {"fedweigh.methods": 0}
+"""Packages whose ``__init__`` alone has a layer (the methods' imports nothing, below its own modules)."""
+
+
 def layer_of(module: str) -> int | None:
+    if module in EXACT:
+        return EXACT[module]
     for level, members in enumerate(LAYERS):
-        if any(module == member or module.startswith(member + ".") for member in members):
+        if any(fnmatch.fnmatchcase(module, member) or fnmatch.fnmatchcase(module, member + ".*") for member in members):
             return level
     return None
 
@@ -170,12 +196,30 @@ def test_no_tool_or_harness_is_on_a_running_app_s_path():
     assert sorted(m for m in reached_from(*RUNTIME) if is_tool(m)) == []
 
 
+def is_server_code(module: str) -> bool:
+    """The strategies, rules, tracking and a method's server half (its package, protocol and client are shared)."""
+    if module.startswith("fedweigh.methods"):
+        return not re.fullmatch(r"fedweigh\.methods(\.catalog|\.\w+(\.protocol|\.client)?)?", module)
+    return module.startswith(("fedweigh.strategies", "fedweigh.rules", "fedweigh.tracking"))
+
+
+def test_the_graph_sees_the_method_packages_found_at_run_time():
+    graph = import_graph()
+    assert {"fedweigh.methods.fedoui.protocol", "fedweigh.methods.ufl.protocol"} <= graph["fedweigh.methods.catalog"]
+    assert "fedweigh.methods.flood.server" in graph["fedweigh.methods.registry"]
+    assert "fedweigh.methods.flood.client" in graph["fedweigh.client.registry"]
+
+
 def test_the_client_app_imports_no_server_code():
     # tracking (TensorBoard, MLflow) is the ServerApp's alone: no client imports it, even deferred
-    reached = reached_from("fedweigh.client_app")
-    server = sorted(
-        m
-        for m in reached
-        if m.startswith(("fedweigh.strategies", "fedweigh.rules", "fedweigh.methods", "fedweigh.tracking"))
-    )
-    assert server == []
+    assert is_server_code("fedweigh.methods.fedoui.server") and not is_server_code("fedweigh.methods.fedoui.client")
+    assert sorted(m for m in reached_from("fedweigh.client_app") if is_server_code(m)) == []
+
+
+def test_a_client_app_process_loads_no_server_code():
+    # what the ClientApp module really imports, method packages found at run time included
+    code = "import sys, fedweigh.client_app; print(' '.join(m for m in sys.modules if m.startswith('fedweigh')))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    modules = loaded.stdout.split()
+    assert "fedweigh.methods.fedoui.client" in modules
+    assert sorted(m for m in modules if is_server_code(m)) == []

@@ -523,10 +523,9 @@ def test_process_tree_terminate_and_orphans(tmp_path: Path):
 
 def test_fedweigh_list_shows_every_name_a_run_config_may_use(capsys):
     from fedweigh.cli import main
-    from fedweigh.methods import METHODS
+    from fedweigh.methods.catalog import SIGNALS, STEPS
+    from fedweigh.methods.registry import METHODS, RULES
     from fedweigh.models import model_names
-    from fedweigh.protocol import SIGNALS, STEPS
-    from fedweigh.rules.registry import RULES
 
     assert main(["list"]) == 0
     printed = capsys.readouterr().out

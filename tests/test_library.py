@@ -27,18 +27,20 @@ from fedweigh.client import (
     train_reply,
     ufl_weights,
 )
-from fedweigh.client.flood import ASWWeighting, OODScoreStep, score_function
-from fedweigh.client.oui import OUIProbe, probe_indices
 from fedweigh.client.steps import StepContext
-from fedweigh.client.ufl import UFLStep
 from fedweigh.components import batch_transform, new_model
 from fedweigh.data.tensors import ImageTensors
-from fedweigh.options import FedOUISettings, FLoodSettings, OUIProbeSettings, UFLSettings
+from fedweigh.methods.fedoui.client import OUIProbe, probe_indices
+from fedweigh.methods.fedoui.protocol import FedOUISettings, OUIProbeSettings
+from fedweigh.methods.flood.client import ASWWeighting, OODScoreStep, score_function
+from fedweigh.methods.flood.protocol import FLoodSettings
+from fedweigh.methods.flood.server import PseudoOODWeight
+from fedweigh.methods.ufl.client import UFLStep
+from fedweigh.methods.ufl.protocol import UFLSettings
 from fedweigh.protocol import SERVER_ROUND, table_entries
 from fedweigh.settings import SettingsError, validate
 from fedweigh.strategies import DAC, UFL, FedAsync, FedBuff, Feddle, FedNolowe, FedOUI, FedProx, FLood, aggregation
 from fedweigh.strategies.build import build_strategy
-from fedweigh.strategies.schedules import PseudoOODWeight
 
 # ---------------------------------------------------------------------------
 # strategies
@@ -226,7 +228,7 @@ def test_the_oui_mod_adds_the_oui_of_the_replys_model_when_asked(train_message):
 
 
 def test_fedbuff_and_fedasync_take_their_options_and_asynchrony():
-    from fedweigh.strategies.fedbuff import BufferedStep
+    from fedweigh.methods.fedbuff.server import BufferedStep
 
     buffered = FedBuff(buffer_size=3, server_lr=0.5, round_deadline=5.0, min_round_replies=2, max_staleness=4)
     assert isinstance(buffered.update, BufferedStep) and (buffered.update.buffer_size, buffered.update.server_lr) == (

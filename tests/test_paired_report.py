@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from test_experiments import DEFAULTS, experiment_table, failure, planned, write_run
 
 from fedweigh.cli import main
-from fedweigh.client.ufl import model_uncertainty, u_tail
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.experiments.paired import paired_difference
 from fedweigh.experiments.report import write_report
@@ -28,8 +27,9 @@ from fedweigh.experiments.runs import (
 )
 from fedweigh.experiments.sampling import SamplingMismatchError
 from fedweigh.experiments.spec import ExperimentError, load_experiment
+from fedweigh.methods.ufl.client import model_uncertainty, u_tail
+from fedweigh.methods.ufl.protocol import UFLSettings
 from fedweigh.models.mlp import DigitsMLP
-from fedweigh.options import UFLSettings
 from fedweigh.preflight import check_run
 from fedweigh.results import FINAL_U_ABOVE_1, FINAL_U_P95, SUMMARY_FILE
 from fedweigh.settings import SettingsError

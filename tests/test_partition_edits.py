@@ -7,12 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedweigh.data.partition_edits import (
-    cap_rare_clients,
-    edit_partitions,
-    edited_client_count,
-    symmetric_label_flips,
-)
+from fedweigh.data.partition_edits import cap_rare_clients, edit_partitions, edited_client_count, symmetric_label_flips
 
 NUM_CLASSES = 10
 

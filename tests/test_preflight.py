@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from fedweigh.methods import METHODS, plan_run
+from fedweigh.methods.catalog import STEPS
+from fedweigh.methods.registry import METHODS, RULES, plan_run
 from fedweigh.preflight import catalog, check_run, combination_problems, parse_settings
-from fedweigh.protocol import STEPS
 from fedweigh.results import CHECKPOINT_FILE, Checkpoint
-from fedweigh.rules.registry import RULES
 from fedweigh.run_folder import RESUME_MAY_CHANGE, recorded_settings
 from fedweigh.settings import SettingsError, validate
-from fedweigh.strategies.registry import UPDATES
 from fedweigh.strategies.updates import ServerUpdate
 
 
@@ -87,7 +86,7 @@ def test_an_aggregation_the_server_update_cannot_use_is_refused(monkeypatch):
         name = "ignores-weights"
         uses_weights = False
 
-    monkeypatch.setitem(UPDATES, "mean", IgnoresWeights)
+    monkeypatch.setitem(METHODS, "fedprox", dataclasses.replace(METHODS["fedprox"], update=IgnoresWeights))
     settings = parse_settings({"strategy": "fedprox", "aggregation": "fednolowe"})
     (problem,) = combination_problems(settings)
     assert "aggregation = 'fednolowe' cannot be combined with strategy = 'fedprox'" in problem
@@ -100,8 +99,8 @@ def test_every_problem_is_listed_at_once():
     assert len(problems) == 3
 
 
-SERVER_DATA = {name: {"server-data": "id"} for name, m in METHODS.items() if UPDATES[m.update].server_data}
-WEIGHTED = sorted(name for name, method in METHODS.items() if UPDATES[method.update].uses_weights)
+SERVER_DATA = {name: {"server-data": "id"} for name, m in METHODS.items() if m.update.server_data}
+WEIGHTED = sorted(name for name, method in METHODS.items() if method.update.uses_weights)
 UNWEIGHTED = sorted(set(METHODS) - set(WEIGHTED))
 
 
@@ -175,7 +174,7 @@ def test_server_data_that_cannot_be_used_is_reported_with_the_data_check(tmp_pat
 def test_every_strategy_and_rule_pair_passes_the_check(strategy, rule):
     settings = check_run({"strategy": strategy, "aggregation": rule, **SERVER_DATA.get(strategy, {})})
     plan = plan_run(settings)
-    assert plan.rule == rule
+    assert plan.rule.name == rule
     for signal in RULES[rule].build(settings).signals:  # the rule's signals are produced by a planned step
         producer = [name for name, spec in STEPS.items() if signal in spec.produces]
         assert producer == [] or producer[0] in plan.comma_list

@@ -19,10 +19,10 @@ from torch import nn
 from fedweigh import client_app
 from fedweigh.arrays import decode
 from fedweigh.client.mc_dropout import dropout_sites, ensure_mc_dropout
-from fedweigh.client.oui import probe_oui, resolve_probe_layer
 from fedweigh.client.training import autocast, evaluate, train_locally
 from fedweigh.components import batch_transform, new_model, settings_from
 from fedweigh.data.federated import DataSpec, load_partition
+from fedweigh.methods.fedoui.client import probe_oui, resolve_probe_layer
 from fedweigh.models import build_model, model_input
 from fedweigh.models.finetuning import (
     FineTuning,

@@ -6,8 +6,9 @@ import pytest
 from flwr.app import ConfigRecord
 
 from fedweigh.client.registry import STEP_CLASSES
-from fedweigh.options import UFLSettings
-from fedweigh.protocol import SIGNALS, STEPS, TrainRecipe, producers, table_entries, table_from_config
+from fedweigh.methods.catalog import SIGNALS, STEPS, producers
+from fedweigh.methods.ufl.protocol import UFLSettings
+from fedweigh.protocol import TrainRecipe, table_entries, table_from_config
 from fedweigh.settings import Settings, validate
 
 

@@ -42,7 +42,7 @@ import torch
 from conftest import QUICK_RUN, REPO, STRATEGY_OPTIONS
 from loopback import run_in_process
 
-from fedweigh.methods import METHODS
+from fedweigh.methods.registry import METHODS
 from fedweigh.results import (
     CHECKPOINT_FILE,
     CHECKPOINT_FORMAT,

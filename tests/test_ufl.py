@@ -27,16 +27,22 @@ from fedweigh.client.mc_dropout import (
 from fedweigh.client.registry import STEP_CLASSES
 from fedweigh.client.steps import StepContext
 from fedweigh.client.training import train_locally, weighted_cross_entropy
-from fedweigh.client.ufl import UncertaintyWeighting, loss_weights, sample_uncertainty, select_uncertain, selection_size
 from fedweigh.data.description import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
+from fedweigh.methods.ufl.client import (
+    UncertaintyWeighting,
+    loss_weights,
+    sample_uncertainty,
+    select_uncertain,
+    selection_size,
+)
+from fedweigh.methods.ufl.protocol import UNCERTAINTY, UNCERTAINTY_MEAN, UAggSettings
+from fedweigh.methods.ufl.server import SizeAwareComplementShareRule, size_aware_complement_share_weights, u_agg_rule
 from fedweigh.models import build_model
-from fedweigh.options import UAggSettings
 from fedweigh.preflight import parse_settings
-from fedweigh.protocol import UNCERTAINTY, UNCERTAINTY_MEAN, TrainRecipe
+from fedweigh.protocol import TrainRecipe
 from fedweigh.rules.base import ComplementShareRule, RoundSignals, SampleCountRule
-from fedweigh.rules.uagg import SizeAwareComplementShareRule, size_aware_complement_share_weights, u_agg_rule
 from fedweigh.settings import SettingsError
 from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.build import build_strategy

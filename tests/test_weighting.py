@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedweigh.protocol import SIGNALS
+from fedweigh.methods.catalog import SIGNALS
 from fedweigh.rules.base import (
     ComplementShareRule,
     RoundSignals,

@@ -176,7 +176,7 @@ def _checkpoint(quick: bool, sim: Any, _: Options, _progress: Progress) -> dict[
 def _methods(quick: bool, sim: Any, options: Options, _progress: Progress) -> dict[str, Any]:
     from fedweigh.benchmarks.common import digits_small, fedoui_cifar10
     from fedweigh.benchmarks.methods import method_overhead
-    from fedweigh.methods import METHODS
+    from fedweigh.methods.registry import METHODS
 
     setting = digits_small(3) if quick else fedoui_cifar10(6)
     return method_overhead(setting, options.strategies or sorted(METHODS), sim)

@@ -12,7 +12,7 @@ Three measurements (``fedweigh benchmark feddle-cost``):
   1,000 server images and 2 or 10 passes over them per round.
 
 "FedBuff" here is Feddle's fallback step alone (``fedbuff.buffer-size = 0``,
-:class:`~fedweigh.strategies.feddle.FallbackStep`): what Feddle adds to it is
+:class:`~fedweigh.methods.feddle.update.FallbackStep`): what Feddle adds to it is
 the search, which is what is measured. Nguyen et al.'s buffered FedBuff adds
 each update to one sum and steps once per K updates: no dearer.
 * **memory**: the atlas holds M updates of the trainable parameters in
@@ -109,8 +109,8 @@ def atlas_memory() -> list[dict[str, Any]]:
 def server_step_seconds(search_epochs: int, repeat: int = 5, dataset: str | None = None) -> dict[str, float]:
     """Median seconds of one server step, Feddle-ID and its fallback alone, on a full atlas of synthetic CNN updates."""
     from fedweigh.components import configure_torch, server_and_test_data
+    from fedweigh.methods.feddle.update import FallbackStep, FeddleUpdate
     from fedweigh.preflight import parse_settings
-    from fedweigh.strategies.feddle import FallbackStep, FeddleUpdate
     from fedweigh.strategies.updates import RoundUpdate
 
     config = {

@@ -17,12 +17,13 @@ import torch
 
 from fedweigh.client.steps import StepContext
 from fedweigh.client.training import train_locally
-from fedweigh.client.ufl import UFLStep
 from fedweigh.data.description import DatasetInfo
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
+from fedweigh.methods.catalog import STEPS
+from fedweigh.methods.ufl.client import UFLStep
 from fedweigh.models import build_model, on_device
-from fedweigh.protocol import STEPS, TrainRecipe, table_entries
+from fedweigh.protocol import TrainRecipe, table_entries
 from fedweigh.settings import validate
 
 TARGET_RATIO = 1.5

@@ -4,45 +4,51 @@ For your ClientApp (with your model, data and training loop; the strategies
 are :mod:`fedweigh.strategies`):
 
 * :class:`Instruction`: what a train message asks for (client steps, options, FLood's λ);
-* :mod:`~fedweigh.client.signals`: :func:`oui_signal` (FedOUI), :func:`ufl_weights` and
-  :func:`mc_uncertainty` (UFL), :func:`asw_sample_weights`, :func:`energy_scores` and
-  :func:`ood_score_signal` (FLood), :func:`weighted_loss`;
-* :func:`train_reply`: the reply the strategy reads (FedNolowe's signal is its ``train_loss``);
-* :mod:`~fedweigh.client.mods`: :func:`oui_mod` and :func:`ood_score_mod`, the after-training signals as
-  Flower mods.
+* each method's functions, by name: :func:`oui_signal` and :func:`oui_mod` (FedOUI),
+  :func:`ufl_weights` and :func:`mc_uncertainty` (UFL), :func:`asw_sample_weights`,
+  :func:`energy_scores`, :func:`ood_score_signal` and :func:`ood_score_mod` (FLood); they live in
+  their packages (``fedweigh/methods/<method>/client.py``, listed in its ``__all__``) and are looked
+  up when first used, so that importing this package imports no method;
+* :func:`weighted_loss` (:mod:`~fedweigh.client.signals`) and :func:`train_reply`: the reply the
+  strategy reads (FedNolowe's signal is its ``train_loss``); :func:`signal_mod`, any after-training
+  signal as a Flower mod.
 
 Inside (fedweigh's own ClientApp, :mod:`fedweigh.client_app`):
 
 * :mod:`~fedweigh.client.training`: local training and evaluation (per-sample loss weights, SGD or Adam);
-* :mod:`~fedweigh.client.steps`: the step protocol;
-* :mod:`~fedweigh.client.oui`, :mod:`~fedweigh.client.ufl` (with :mod:`~fedweigh.client.mc_dropout`),
-  :mod:`~fedweigh.client.flood`: one module per paper's client step;
-* :mod:`~fedweigh.client.registry`: the steps by name.
+* :mod:`~fedweigh.client.steps`: the step protocol; the steps are the methods' (``client.py``),
+  by name in :data:`fedweigh.methods.registry.STEP_CLASSES`.
+
+>>> from fedweigh.client import oui_signal
+>>> oui_signal.__module__
+'fedweigh.methods.fedoui.client'
 """
 
-from fedweigh.client.instruction import Instruction, train_reply
-from fedweigh.client.mods import ood_score_mod, oui_mod, signal_mod
-from fedweigh.client.signals import (
-    asw_sample_weights,
-    energy_scores,
-    mc_uncertainty,
-    ood_score_signal,
-    oui_signal,
-    ufl_weights,
-    weighted_loss,
-)
+from __future__ import annotations
 
-__all__ = [
-    "Instruction",
-    "asw_sample_weights",
-    "energy_scores",
-    "mc_uncertainty",
-    "ood_score_mod",
-    "ood_score_signal",
-    "oui_mod",
-    "oui_signal",
-    "signal_mod",
-    "train_reply",
-    "ufl_weights",
-    "weighted_loss",
-]
+from typing import Any
+
+from fedweigh.client.instruction import Instruction, train_reply
+from fedweigh.client.mods import signal_mod
+from fedweigh.client.signals import weighted_loss
+
+
+def _offered() -> dict[str, Any]:
+    from fedweigh.methods.catalog import package_modules
+
+    return {name: getattr(module, name) for _, module in package_modules("client") for name in module.__all__}
+
+
+def __getattr__(name: str) -> Any:
+    """``fedweigh.client.oui_signal``: a method's client function, from its package."""
+    offered = _offered()
+    if name not in offered:
+        raise AttributeError(f"module 'fedweigh.client' has no attribute {name!r}; offered: {sorted(offered)}")
+    return offered[name]
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_offered()])
+
+
+__all__ = ["Instruction", "signal_mod", "train_reply", "weighted_loss"]

@@ -30,10 +30,11 @@ import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from torch import nn
 
-from fedweigh.options import FLoodSettings, OUIProbeSettings, UFLSettings
+from fedweigh.methods.catalog import OPTION_TABLES
+from fedweigh.methods.flood.protocol import ASW_LAMBDA
+from fedweigh.options import OptionsTable
 from fedweigh.protocol import (
     ARRAYS,
-    ASW_LAMBDA,
     CLIENT_STEPS,
     CONFIG,
     METRICS,
@@ -41,7 +42,6 @@ from fedweigh.protocol import (
     NUM_EXAMPLES,
     PARTITION_ID,
     SERVER_ROUND,
-    STEPS,
     TRAIN_LOSS,
     recipe_key,
     table_from_config,
@@ -77,20 +77,22 @@ class Instruction:
         """True if the strategy asks for client step ``step`` (``oui``, ``ufl``, ``asw``, ``ood-score``)."""
         return step in self.steps
 
-    @property
-    def oui(self) -> OUIProbeSettings:
-        """FedOUI's probe options (``oui.*``), the papers' defaults where the instruction has none."""
-        return table_from_config(STEPS["oui"].options, OUIProbeSettings, self.config)
+    def options(self, table: str) -> OptionsTable:
+        """A method's options table as the instruction carries it, the defaults where it has none.
 
-    @property
-    def ufl(self) -> UFLSettings:
-        """UFL's options (``ufl.*``)."""
-        return table_from_config(STEPS["ufl"].options, UFLSettings, self.config)
+        ``instruction.options("oui")``, or as an attribute: ``instruction.oui``,
+        ``instruction.ufl``, ``instruction.flood`` (any table of
+        :data:`fedweigh.methods.catalog.OPTION_TABLES`).
+        """
+        if table not in OPTION_TABLES:
+            raise KeyError(f"no options table {table!r}; accepted: {', '.join(sorted(OPTION_TABLES))}")
+        return table_from_config(table, OPTION_TABLES[table], self.config)
 
-    @property
-    def flood(self) -> FLoodSettings:
-        """FLood's client options (``flood.*``)."""
-        return table_from_config(STEPS["asw"].options, FLoodSettings, self.config)
+    def __getattr__(self, name: str) -> Any:
+        table = name.replace("_", "-")
+        if table in OPTION_TABLES:
+            return self.options(table)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def asw_lambda(self) -> float:

@@ -4,7 +4,7 @@ FedOUI's OUI and FLood's φ are measured after training, on the trained
 model: nothing in them depends on how the model was trained. As a mod they
 need no change to the train handler::
 
-    app = ClientApp(mods=[oui_mod(Net, probe=probe_images, layer="fc2")])
+    app = ClientApp(mods=[oui_mod(Net, probe=probe_images, layer="fc2")])  # fedweigh.client.oui_mod
 
 The mod runs only for train messages whose instruction asks for its step
 (``client-steps`` of a :mod:`fedweigh.strategies` strategy), and only on a
@@ -14,16 +14,15 @@ successful reply; it loads the reply's arrays into a model of its own
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
 from flwr.app import Context, Message, MessageType
 from flwr.clientapp.typing import ClientAppCallable, Mod
 from torch import nn
 
 from fedweigh.client.instruction import Instruction
-from fedweigh.client.signals import Signals, ood_score_signal, oui_signal
+from fedweigh.client.signals import Signals
 from fedweigh.protocol import ARRAYS, METRICS
 
 
@@ -57,22 +56,3 @@ def _record(records: Mapping[str, Any], key: str) -> Any:
     if len(records) != 1:
         raise ValueError(f"the reply has no record {key!r} and not exactly one to use instead: {list(records)}")
     return next(iter(records.values()))
-
-
-def oui_mod(model_fn: Callable[[], nn.Module], probe: torch.Tensor, layer: str = "") -> Mod:
-    """FedOUI's OUI (:func:`~fedweigh.client.signals.oui_signal`) on ``probe`` (at most ``oui.probe-size`` of it)."""
-    return signal_mod(
-        "oui", model_fn, lambda model, instruction: oui_signal(model, probe[: instruction.oui.probe_size], layer)
-    )
-
-
-def ood_score_mod(
-    model_fn: Callable[[], nn.Module], inputs: Callable[[], torch.Tensor | Iterable[torch.Tensor]]
-) -> Mod:
-    """FLood's φ (:func:`~fedweigh.client.signals.ood_score_signal`) over ``inputs()``, the client's own inputs."""
-
-    def measure(model: nn.Module, instruction: Instruction) -> Signals:
-        options = instruction.flood
-        return ood_score_signal(model, inputs(), score=options.score, temperature=options.temperature)
-
-    return signal_mod("ood-score", model_fn, measure)

@@ -1,11 +1,12 @@
-"""Client steps by name: the code behind :data:`fedweigh.protocol.STEPS`.
+"""Client steps by name: the code behind :data:`fedweigh.methods.catalog.STEPS`, gathered from the methods.
 
-A plain table. The protocol names each step, the signals it produces and its
-options table; this table binds the name to the class that runs it.
+Each method package's ``client.py`` lists its step classes in
+``STEP_CLASSES``; this table binds every step name to its class. It reads
+only the packages' client modules, so that a ClientApp imports no server code.
 
 Example
 -------
->>> from fedweigh.protocol import STEPS
+>>> from fedweigh.methods.catalog import STEPS
 >>> sorted(STEP_CLASSES) == sorted(STEPS)
 True
 >>> [type(step).__name__ for step in build_steps(["oui", "ufl"])]
@@ -14,15 +15,15 @@ True
 
 from __future__ import annotations
 
-from fedweigh.client.flood import ASWStep, OODScoreStep
-from fedweigh.client.oui import OUIProbe
 from fedweigh.client.steps import ClientStep
-from fedweigh.client.ufl import UFLDropoutStep, UFLStep
+from fedweigh.methods.catalog import STEPS, by_name, gather
 
-STEP_CLASSES: dict[str, type[ClientStep]] = {
-    step.name: step for step in (OUIProbe, UFLStep, UFLDropoutStep, ASWStep, OODScoreStep)
-}
+STEP_CLASSES: dict[str, type[ClientStep]] = gather("client", "STEP_CLASSES", by_name)
 """Every client step's class, by name."""
+
+_unbound = sorted(set(STEPS) ^ set(STEP_CLASSES))
+if _unbound:  # a protocol names a step that no client.py gives code for, or the reverse
+    raise ValueError(f"client steps without both a protocol.py entry and a class in a client.py: {_unbound}")
 
 
 def build_steps(names: list[str]) -> list[ClientStep]:

@@ -295,12 +295,11 @@ def _required_signals(arm_config: Mapping[str, Any]) -> list[str]:
     level = flower.level
     flower.setLevel(logging.ERROR)  # building a strategy logs Flower's warnings about its settings
     try:
-        from fedweigh.methods import plan_run
+        from fedweigh.methods.registry import plan_run
         from fedweigh.preflight import parse_settings
-        from fedweigh.rules.registry import RULES
 
         settings = parse_settings(arm_config)
-        return list(RULES[plan_run(settings).rule].build(settings).signals)
+        return list(plan_run(settings).rule.build(settings).signals)
     except Exception:  # plotting must not fail on a strategy that cannot be rebuilt here
         return []
     finally:

@@ -53,15 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-)
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from fedweigh.settings import flatten
 
@@ -299,7 +291,7 @@ def _config_problems(
     spec: ExperimentSpec, app_defaults: Mapping[str, Any], rounds: int | None
 ) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """Check the run-config part of every arm; return the problems and the merged configs."""
-    from fedweigh.methods import METHODS
+    from fedweigh.methods.registry import METHODS
     from fedweigh.preflight import check_run
     from fedweigh.settings import SettingsError
 

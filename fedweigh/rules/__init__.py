@@ -1,7 +1,8 @@
-"""Aggregation rules: the server halves of the methods, from a round's signals to weights.
+"""Aggregation rules: the protocol every rule follows and the weighting math the methods share.
 
-* :mod:`~fedweigh.rules.base`: the rule protocol and the shared weighting math;
-* :mod:`~fedweigh.rules.fedoui`, :mod:`~fedweigh.rules.fedalign`, :mod:`~fedweigh.rules.fedasl`,
-  :mod:`~fedweigh.rules.uagg`: one module per paper's rule;
-* :mod:`~fedweigh.rules.registry`: the rules by name (``aggregation = "..."``).
+* :mod:`~fedweigh.rules.base`: the rule protocol (:class:`~fedweigh.rules.base.WeightingRule`), the
+  sample-count, uniform and complement-share rules and the shared math.
+
+Each method's own rule lives in its package (``fedweigh/methods/<method>/server.py``); the rules by
+name are :data:`fedweigh.methods.registry.RULES`.
 """

@@ -1,15 +1,21 @@
 """The strategy family: Flower strategies that weigh, update and record.
 
-For your own ServerApp (:mod:`~fedweigh.strategies.library`): :class:`FedOUI`,
-:class:`FedNolowe`, :class:`UFL`, :class:`FLood`, :class:`Feddle`,
-:class:`FedBuff`, :class:`FedAsync`, :class:`FedProx`, the
-:class:`DAC` aggregation and any other rule by name (:func:`aggregation`),
-each a Flower ``FedAvg`` constructed in code; your ClientApp computes what they
-weigh with through :mod:`fedweigh.client`.
+For your own ServerApp: every method's Flower strategy by name,
+``from fedweigh.strategies import FedOUI`` (also :class:`FedNolowe`,
+:class:`UFL`, :class:`FLood`, :class:`Feddle`, :class:`FedBuff`,
+:class:`FedAsync`, :class:`FedProx`), the :class:`DAC` aggregation and any
+other rule by name (:func:`aggregation`), each a Flower ``FedAvg``
+constructed in code; your ClientApp computes what they weigh with through
+:mod:`fedweigh.client`. Each lives in its method's package
+(``fedweigh/methods/<method>/server.py``); the names are looked up when
+first used (:data:`fedweigh.methods.registry.PUBLIC`), so that a new method
+package is offered here without being listed, and importing this package
+imports no method.
 
 Inside:
 
 * :mod:`~fedweigh.strategies.base`: :class:`WeightedFedAvg`, the template every method fills;
+* :mod:`~fedweigh.strategies.library`: :class:`MethodStrategy`, a method as a library class;
 * :mod:`~fedweigh.strategies.build`: a run's strategy from its settings (through the library's classes);
 * :mod:`~fedweigh.strategies.replies`: checking replies;
 * :mod:`~fedweigh.strategies.aggregation`: encoding, decoding and averaging models;
@@ -17,33 +23,38 @@ Inside:
 * :mod:`~fedweigh.strategies.schedules`: train-config values that change per round;
 * :mod:`~fedweigh.strategies.sampling`: seeded client sampling by partition.
 
-The aggregation rules are :mod:`fedweigh.rules`; the methods by name, :mod:`fedweigh.methods`.
+>>> from fedweigh.strategies import FedOUI, aggregation
+>>> FedOUI.__module__, aggregation("dac").name
+('fedweigh.methods.fedoui.server', 'dac')
 """
 
-from fedweigh.strategies.library import (
-    DAC,
-    UFL,
-    FedAsync,
-    FedBuff,
-    Feddle,
-    FedNolowe,
-    FedOUI,
-    FedProx,
-    FLood,
-    MethodStrategy,
-    aggregation,
-)
+from __future__ import annotations
 
-__all__ = [
-    "DAC",
-    "FLood",
-    "FedAsync",
-    "FedBuff",
-    "FedNolowe",
-    "FedOUI",
-    "FedProx",
-    "Feddle",
-    "MethodStrategy",
-    "UFL",
-    "aggregation",
-]
+from typing import Any
+
+import fedweigh.strategies.aggregation as _averaging  # noqa: F401  (bound first: the function below takes its name)
+
+
+def aggregation(name: str, **options: Any) -> Any:
+    """An aggregation rule by its run-config name, options as keyword arguments (see
+    :func:`fedweigh.methods.registry.aggregation`)."""
+    from fedweigh.methods.registry import aggregation as rule_by_name
+
+    return rule_by_name(name, **options)
+
+
+def __getattr__(name: str) -> Any:
+    """``fedweigh.strategies.FedOUI``: a method's strategy, ``DAC``, ``aggregation`` or ``MethodStrategy``."""
+    from fedweigh.methods import registry
+    from fedweigh.strategies.library import MethodStrategy
+
+    offered = {**registry.PUBLIC, "MethodStrategy": MethodStrategy}
+    if name not in offered:
+        raise AttributeError(f"module 'fedweigh.strategies' has no attribute {name!r}; offered: {sorted(offered)}")
+    return offered[name]
+
+
+def __dir__() -> list[str]:
+    from fedweigh.methods import registry
+
+    return sorted([*globals(), *registry.PUBLIC, "MethodStrategy"])

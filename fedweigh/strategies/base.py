@@ -48,17 +48,8 @@ from flwr.serverapp.strategy import FedAvg, Result
 
 from fedweigh.arrays import NamedArrays, decode, encode
 from fedweigh.faults import FaultPlan
-from fedweigh.protocol import (
-    ARRAYS,
-    CLIENT_STEPS,
-    CONFIG,
-    FAULT,
-    FROZEN_DIGEST,
-    SERVER_ROUND,
-    STEPS,
-    TRAIN_LOSS,
-    ConfigValue,
-)
+from fedweigh.methods.catalog import STEPS
+from fedweigh.protocol import ARRAYS, CLIENT_STEPS, CONFIG, FAULT, FROZEN_DIGEST, SERVER_ROUND, TRAIN_LOSS, ConfigValue
 from fedweigh.results import CLIENT_NUM_EXAMPLES
 from fedweigh.rules.base import RoundSignals, RuleOutcome, WeightingRule
 from fedweigh.strategies.aggregation import all_finite

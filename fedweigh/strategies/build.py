@@ -6,7 +6,7 @@ classes (:mod:`fedweigh.strategies.library`: the method's class, or
 :class:`~fedweigh.strategies.library.MethodStrategy` for the others), which
 build the rule and the client steps' schedules as they do for a library
 user; the app adds the server update from
-:data:`~fedweigh.strategies.registry.UPDATES`, the train instruction (the
+:class:`~fedweigh.methods.registry.RunPlan`, the train instruction (the
 :class:`~fedweigh.protocol.TrainRecipe`, the client steps and their options),
 the learning-rate schedule, asynchrony and fault injection.
 
@@ -21,13 +21,13 @@ Example
 from __future__ import annotations
 
 from fedweigh.faults import FaultPlan
-from fedweigh.methods import RunPlan, plan_run
-from fedweigh.protocol import CLIENT_STEPS, STEPS, ConfigValue, TrainRecipe, table_entries
+from fedweigh.methods.catalog import STEPS
+from fedweigh.methods.registry import STEP_SCHEDULES, STRATEGY_CLASSES, RunPlan, plan_run
+from fedweigh.protocol import CLIENT_STEPS, ConfigValue, TrainRecipe, table_entries
 from fedweigh.settings import Settings
 from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.deadline import Deadline
-from fedweigh.strategies.library import STRATEGY_CLASSES, MethodStrategy
-from fedweigh.strategies.registry import UPDATES
+from fedweigh.strategies.library import MethodStrategy
 from fedweigh.strategies.sampling import NodeDirectory
 from fedweigh.strategies.schedules import LearningRateDecay
 
@@ -71,9 +71,12 @@ def build_strategy(
         settings,
         plan=plan,
         recipe=train_instruction(settings, plan),
-        schedules=[LearningRateDecay(settings.learning_rate, settings.lr_decay)],
+        schedules=[
+            LearningRateDecay(settings.learning_rate, settings.lr_decay),
+            *(STEP_SCHEDULES[name](settings) for name in plan.comma_list if name in STEP_SCHEDULES),
+        ],
         directory=directory,
-        update=UPDATES[plan.update].build(settings, server_data),
+        update=plan.update.build(settings, server_data),
         delay_std=settings.delay_std,
         deadline=deadline,
         server_data=server_data,

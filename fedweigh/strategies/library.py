@@ -5,7 +5,7 @@ Each class is a Flower ``FedAvg`` (through
 code, with Flower's usual arguments and the method's options as keyword
 arguments, and run as you run ``FedAvg``::
 
-    from fedweigh.strategies import FedOUI
+    from fedweigh.strategies import FedOUI  # or from fedweigh.methods.fedoui.server
 
     strategy = FedOUI(fraction_train=0.5, window=3)
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=10,
@@ -33,8 +33,12 @@ Any strategy takes another aggregation (``aggregation=DAC()``, or
 :func:`aggregation` by its run-config name): its clients then report what
 that rule reads.
 
+Each method's class lives in its package (``fedweigh/methods/<method>/server.py``)
+and :mod:`fedweigh.strategies` offers them all by name.
+
 Example
 -------
+>>> from fedweigh.strategies import DAC, FedOUI, FedProx
 >>> strategy = FedOUI(fraction_train=0.5, window=3)
 >>> type(strategy).__name__, strategy.rule.name, strategy.recipe["client-steps"], strategy.recipe["oui.probe-size"]
 ('FedOUI', 'oui-beta', ['oui'], 32)
@@ -49,43 +53,22 @@ fedweigh.settings.SettingsError: invalid run config:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-import torch
-from torch import nn
-
-from fedweigh.data.server import ServerData
-from fedweigh.data.tensors import ImageTensors
-from fedweigh.methods import METHODS, RunPlan
-from fedweigh.options import (
-    DACSettings,
-    FedAsyncSettings,
-    FedBuffSettings,
-    FeddleSettings,
-    FedOUISettings,
-    FedProxSettings,
-    FLoodSettings,
-    OUIProbeSettings,
-    UAggSettings,
-    UFLSettings,
-)
-from fedweigh.protocol import CLIENT_STEPS, STEPS, ConfigValue, dashed, producers, recipe_key, table_entries
+from fedweigh.methods.catalog import STEPS, producers
+from fedweigh.methods.declaration import Method
+from fedweigh.methods.fedavg.server import FEDAVG
+from fedweigh.protocol import CLIENT_STEPS, ConfigValue, dashed, recipe_key, table_entries
 from fedweigh.rules.base import WeightingRule
-from fedweigh.rules.dac import DACRule
-from fedweigh.rules.registry import RULES
-from fedweigh.settings import Settings, SettingsError, validate
+from fedweigh.settings import Settings, validate
 from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.deadline import Deadline
-from fedweigh.strategies.feddle import FeddleUpdate
-from fedweigh.strategies.registry import UPDATES
 from fedweigh.strategies.sampling import NodeDirectory
-from fedweigh.strategies.schedules import STEP_SCHEDULES, Schedule
+from fedweigh.strategies.schedules import Schedule
 from fedweigh.strategies.updates import ServerUpdate
 
-_FEDOUI, _OUI, _UFL, _UAGG = FedOUISettings(), OUIProbeSettings(), UFLSettings(), UAggSettings()
-_FLOOD, _DAC, _FEDPROX = FLoodSettings(), DACSettings(), FedProxSettings()
-_FEDBUFF, _FEDASYNC, _FEDDLE, _RUN = FedBuffSettings(), FedAsyncSettings(), FeddleSettings(), Settings()
+_RUN = Settings()
 _FLOWER = {"fraction_train": 1.0, "fraction_evaluate": 1.0, "min_train_nodes": 2, "min_evaluate_nodes": 2}
 """Flower's ``FedAvg`` defaults, which these strategies keep."""
 
@@ -102,35 +85,8 @@ def checked_settings(options: Mapping[str, Mapping[str, Any]], **common: Any) ->
     return validate(flat)
 
 
-def aggregation(name: str, **options: Any) -> WeightingRule:
-    """An aggregation rule by its run-config name (``fednolowe``, ``dac``, ...), its options as keyword arguments.
-
-    >>> aggregation("uagg", signal="mean").signals
-    ('uncertainty-mean',)
-    """
-    if name not in RULES:
-        raise SettingsError([f"aggregation = {name!r}: unknown aggregation rule; accepted: {', '.join(sorted(RULES))}"])
-    table = RULES[name].table
-    if options and table is None:
-        raise SettingsError([f"aggregation = {name!r} has no options; accepted: none, got {sorted(options)}"])
-    return RULES[name].build(checked_settings({table: options} if table else {}))
-
-
-class DAC(DACRule):
-    """FLood's DAC aggregation, usable with any strategy here: its clients then report ``ood-score`` (φ).
-
-    ``w = (n_k/Σn + α · share of φ_k) / (1 + α)``; options as ``[dac]``.
-    """
-
-    def __init__(
-        self, alpha: float = _DAC.alpha, mapping: str = _DAC.mapping, temperature: float = _DAC.temperature
-    ) -> None:
-        options = checked_settings({"dac": {"alpha": alpha, "mapping": mapping, "temperature": temperature}}).dac
-        super().__init__(options.alpha, options.mapping, options.temperature)
-
-
 class MethodStrategy(WeightedFedAvg):
-    """A method of :data:`fedweigh.methods.METHODS` as a Flower strategy; the base of this module's classes.
+    """A method (:class:`~fedweigh.methods.declaration.Method`) as a Flower strategy; the base of the library's classes.
 
     Subclasses name their method (:attr:`method`) and turn their keyword
     arguments into option tables. What the method adds up to (its rule, the
@@ -164,7 +120,8 @@ class MethodStrategy(WeightedFedAvg):
         Further arguments of :class:`~fedweigh.strategies.base.WeightedFedAvg`.
     """
 
-    method: ClassVar[str] = "fedavg"
+    method: ClassVar[Method] = FEDAVG
+    """The method it is (:class:`~fedweigh.methods.declaration.Method`: rule, client steps, server update)."""
 
     def __init__(
         self,
@@ -186,7 +143,7 @@ class MethodStrategy(WeightedFedAvg):
     ) -> None:
         settings = checked_settings(
             options or {},
-            strategy=self.method,
+            strategy=self.method.name,
             seed=seed,
             max_staleness=max_staleness,
             round_deadline=round_deadline,
@@ -217,14 +174,14 @@ class MethodStrategy(WeightedFedAvg):
 
     def server_update(self, settings: Settings) -> ServerUpdate:
         """The method's step from the replies to the new global model (the weighted mean for most)."""
-        return UPDATES[METHODS[self.method].update].build(settings, None)
+        return self.method.update.build(settings, None)
 
     @classmethod
     def from_settings(
         cls,
         settings: Settings,
         *,
-        plan: RunPlan | None = None,
+        plan: Any = None,
         recipe: Mapping[str, ConfigValue] | None = None,
         schedules: Sequence[Schedule] = (),
         directory: NodeDirectory | None = None,
@@ -232,14 +189,15 @@ class MethodStrategy(WeightedFedAvg):
     ) -> MethodStrategy:
         """The strategy a run's settings describe (the run-config app's way in).
 
-        ``plan`` (the settings' :class:`~fedweigh.methods.RunPlan`) picks the
-        rule and the client steps, ``recipe`` replaces the instruction's
-        static entries (the app sends its training recipe too), ``schedules``
-        come before the steps' own.
+        ``plan`` (the settings' :class:`~fedweigh.methods.registry.RunPlan`)
+        picks the method, the rule and the client steps, ``recipe`` replaces
+        the instruction's static entries (the app sends its training recipe
+        too), ``schedules`` are every per-round value (the client steps' too).
         """
         strategy = cls.__new__(cls)
-        strategy.method = settings.strategy  # the method the settings name (a class of its own or not)
-        rule = RULES[plan.rule].build(settings) if plan is not None else None
+        if plan is not None:
+            strategy.method = plan.method  # the method the settings name (a class of its own or not)
+        rule = plan.rule.build(settings) if plan is not None else None
         steps = plan.comma_list if plan is not None else None
         strategy._build(
             settings,
@@ -263,13 +221,14 @@ class MethodStrategy(WeightedFedAvg):
         directory: NodeDirectory | None = None,
         **strategy_kwargs: Any,
     ) -> None:
-        method = METHODS[self.method]
-        rule = aggregation if aggregation is not None else RULES[method.rule].build(settings)
-        if steps is None:
+        method = self.method
+        rule = aggregation if aggregation is not None else method.rule.build(settings)
+        step_schedules = []
+        if steps is None:  # a library user's: the method's steps, those of the rule's signals, their schedules
             steps = list(dict.fromkeys([*method.steps, *producers(rule.signals)]))
+            step_schedules = [build(settings) for name, build in self.step_schedules().items() if name in steps]
         if recipe is None:
             recipe = self.instruction(settings, steps)
-        step_schedules = [STEP_SCHEDULES[name](settings) for name in steps if name in STEP_SCHEDULES]
         strategy_kwargs.setdefault("min_available_nodes", settings.min_train_nodes)
         super().__init__(
             rule,
@@ -285,6 +244,11 @@ class MethodStrategy(WeightedFedAvg):
         if directory is not None:
             self.directory = directory
 
+    @classmethod
+    def step_schedules(cls) -> Mapping[str, Any]:
+        """The per-round values its own client steps need (FLood's λ(t)); none by default."""
+        return {}
+
     def instruction(self, settings: Settings, steps: Sequence[str]) -> dict[str, ConfigValue]:
         """What every train instruction of a library strategy carries: the client steps and their options."""
         entries: dict[str, ConfigValue] = {CLIENT_STEPS: list(steps)} if steps else {}
@@ -292,259 +256,6 @@ class MethodStrategy(WeightedFedAvg):
             table = STEPS[name].options
             if table is not None:
                 entries.update(table_entries(table, getattr(settings, table.replace("-", "_"))))
-        if METHODS[self.method].proximal:
+        if self.method.proximal:
             entries[recipe_key("proximal_mu")] = settings.fedprox.proximal_mu
         return entries
-
-
-class FedProx(MethodStrategy):
-    """FedProx (Li et al., "Federated Optimization in Heterogeneous Networks", arXiv 1812.06127).
-
-    Sends ``proximal-mu`` with every instruction, as Flower's ``FedProx``
-    does: the client adds ``μ/2 ‖w − w_global‖²`` to its loss. The plug-in
-    partner of FLood's pieces: ``FedProx(aggregation=DAC())``.
-    """
-
-    method = "fedprox"
-
-    def __init__(self, *, proximal_mu: float = _FEDPROX.proximal_mu, **kwargs: Any) -> None:
-        super().__init__(options={"fedprox": {"proximal_mu": proximal_mu}}, **kwargs)
-
-
-class FedOUI(MethodStrategy):
-    """FedOUI: weights from the typicality of each client's OUI under a Beta fit of the round's OUIs.
-
-    The client reports ``oui``, the Overfitting-Underfitting Indicator of a
-    layer's pre-activations on a fixed probe batch after training
-    (:func:`fedweigh.client.oui_signal`). ``w ∝ n^ρ (ε + s)^γ`` with ``s``
-    the bilateral typicality score; ``window`` > 1 pools the last rounds'
-    OUIs into the fit. Options as ``[fedoui]`` and ``[oui]``.
-    """
-
-    method = "fedoui"
-
-    def __init__(
-        self,
-        *,
-        epsilon: float = _FEDOUI.epsilon,
-        window: int = _FEDOUI.window,
-        score_exponent: float = _FEDOUI.score_exponent,
-        size_exponent: float = _FEDOUI.size_exponent,
-        probe_size: int = _OUI.probe_size,
-        probe_layer: str = _OUI.probe_layer,
-        probe_transform: str = _OUI.probe_transform,
-        **kwargs: Any,
-    ) -> None:
-        fedoui = {
-            "epsilon": epsilon,
-            "window": window,
-            "score_exponent": score_exponent,
-            "size_exponent": size_exponent,
-        }
-        oui = {"probe_size": probe_size, "probe_layer": probe_layer, "probe_transform": probe_transform}
-        super().__init__(options={"fedoui": fedoui, "oui": oui}, **kwargs)
-
-
-class FedNolowe(MethodStrategy):
-    """FedNolowe: normalised-loss weights, ``w = (1 − L_k/ΣL)/(K−1)`` on the clients' ``train_loss``.
-
-    Nothing beyond Flower's quickstart reply is needed from the client: its
-    mean training loss is the signal.
-    """
-
-    method = "fednolowe"
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-
-
-class UFL(MethodStrategy):
-    """UFL: an uncertainty-weighted local loss, and U-Agg weights ``w = (1 − U_k/ΣU)/(K−1)``.
-
-    Before training the client computes each sample's MC-dropout uncertainty
-    ``u`` on the received model, up-weights its top ``ratio`` samples by
-    ``1 + alpha·u`` in the loss, and reports ``uncertainty`` (U_k) and
-    ``uncertainty-mean`` (:func:`fedweigh.client.ufl_weights`). Options as
-    ``[ufl]`` (sent to the client) and ``[uagg]`` (the rule).
-    """
-
-    method = "ufl"
-
-    def __init__(
-        self,
-        *,
-        mc_passes: int = _UFL.mc_passes,
-        ratio: float = _UFL.ratio,
-        alpha: float = _UFL.alpha,
-        dropout: float = _UFL.dropout,
-        normalize: bool = _UFL.normalize,
-        cheap_path: bool = _UFL.cheap_path,
-        signal: str = _UAGG.signal,
-        size_aware: bool = _UAGG.size_aware,
-        **kwargs: Any,
-    ) -> None:
-        ufl = {
-            "mc_passes": mc_passes,
-            "ratio": ratio,
-            "alpha": alpha,
-            "dropout": dropout,
-            "normalize": normalize,
-            "cheap_path": cheap_path,
-        }
-        super().__init__(options={"ufl": ufl, "uagg": {"signal": signal, "size_aware": size_aware}}, **kwargs)
-
-
-class FLood(MethodStrategy):
-    """FLood: pseudo-OOD samples weighted by λ(t) in the loss (ASW), and DAC weights.
-
-    Every instruction carries λ of its round (``asw-lambda``, from 0 to
-    ``2a`` by round ``halt_round``): the client weighs the lowest-scoring
-    ``q`` share of each batch by λ (:func:`fedweigh.client.asw_sample_weights`)
-    and after training reports ``ood-score``, its model's mean energy score φ
-    (:func:`fedweigh.client.ood_score_signal`). DAC mixes sample counts with
-    the φ shares by ``alpha``. Options as ``[flood]`` and ``[dac]``.
-    """
-
-    method = "flood"
-
-    def __init__(
-        self,
-        *,
-        q: float = _FLOOD.q,
-        a: float = _FLOOD.a,
-        halt_round: int = _FLOOD.halt_round,
-        schedule: str = _FLOOD.schedule,
-        lag: bool = _FLOOD.lag,
-        score: str = _FLOOD.score,
-        temperature: float = _FLOOD.temperature,
-        mask: str = _FLOOD.mask,
-        phi_augment: bool = _FLOOD.phi_augment,
-        alpha: float = _DAC.alpha,
-        mapping: str = _DAC.mapping,
-        **kwargs: Any,
-    ) -> None:
-        flood = {
-            "q": q,
-            "a": a,
-            "halt_round": halt_round,
-            "schedule": schedule,
-            "lag": lag,
-            "score": score,
-            "temperature": temperature,
-            "mask": mask,
-            "phi_augment": phi_augment,
-        }
-        super().__init__(options={"flood": flood, "dac": {"alpha": alpha, "mapping": mapping}}, **kwargs)
-
-
-class FedBuff(MethodStrategy):
-    """FedBuff (Nguyen et al., "Federated Learning with Buffered Asynchronous Aggregation", arXiv 2106.06639).
-
-    Client updates wait in a buffer; once it holds ``buffer_size`` (K) the
-    server steps, ``w ← w + η_g / K · Σ s(τ) Δ``, ``s(τ) = 1/√(1 + τ)`` with τ
-    the server steps since the update's model (``staleness_scaling``), and the
-    buffer empties. Made for asynchrony: give ``round_deadline`` (a
-    deployment) or ``delay_std`` (a simulation) and ``max_staleness``.
-    ``buffer_size = 0``: a step every round on what arrived. Options as
-    ``[fedbuff]``.
-    """
-
-    method = "fedbuff"
-
-    def __init__(
-        self,
-        *,
-        buffer_size: int = _FEDBUFF.buffer_size,
-        server_lr: float = _FEDBUFF.server_lr,
-        staleness_scaling: bool = _FEDBUFF.staleness_scaling,
-        **kwargs: Any,
-    ) -> None:
-        fedbuff = {"buffer_size": buffer_size, "server_lr": server_lr, "staleness_scaling": staleness_scaling}
-        super().__init__(options={"fedbuff": fedbuff}, **kwargs)
-
-
-class FedAsync(MethodStrategy):
-    """FedAsync (Xie et al., "Asynchronous Federated Optimization", arXiv 1903.03934).
-
-    Each arrival in turn: ``w ← (1 − α_τ) w + α_τ w_k``, ``α_τ = alpha (τ + 1)^(−a)``,
-    τ in rounds. Made for asynchrony, as :class:`FedBuff`. Options as ``[fedasync]``.
-    """
-
-    method = "fedasync"
-
-    def __init__(self, *, alpha: float = _FEDASYNC.alpha, a: float = _FEDASYNC.a, **kwargs: Any) -> None:
-        super().__init__(options={"fedasync": {"alpha": alpha, "a": a}}, **kwargs)
-
-
-class Feddle(MethodStrategy):
-    """Feddle: the new model is ``w + Σ ĉ_m ā_m`` over an atlas of past client updates, ĉ searched on server data.
-
-    Clients train as they always do (no client step). The server holds
-    images of its own: of the clients' classes (``kind = "id"``), or another
-    dataset's (``"ood"``: a linear head on the model's ``classifier`` layer
-    is fitted to them first). ``server_images`` are ``uint8`` ``[N, C, H, W]``
-    as your dataset stores them, ``preprocess`` what your pipeline does to a
-    batch of them before the model (say, scale and normalise), ``model`` a
-    model of your architecture (its weights are overwritten). Without server
-    data the step is the fallback (FedBuff's step over the round's arrivals).
-    Made for asynchrony, as :class:`FedBuff`. Options as ``[feddle]``.
-    """
-
-    method = "feddle"
-
-    def __init__(
-        self,
-        *,
-        model: nn.Module,
-        server_images: torch.Tensor | None = None,
-        server_labels: torch.Tensor | None = None,
-        preprocess: Callable[[torch.Tensor], torch.Tensor] = lambda images: images.float() / 255.0,
-        kind: str = "id",
-        classifier: str = "",
-        search_epochs: int = _FEDDLE.search_epochs,
-        search_lr: float = _FEDDLE.search_lr,
-        regularization: float = _FEDDLE.regularization,
-        atlas_size: int = _FEDDLE.atlas_size,
-        **kwargs: Any,
-    ) -> None:
-        if kind not in ("id", "ood"):
-            raise SettingsError([f"kind = {kind!r}: the server data's classes; accepted: 'id' (the clients'), 'ood'"])
-        if classifier:
-            model.classifier_layer = classifier  # what an out-of-distribution head replaces
-        self._model = model
-        self._server_data = None
-        if server_images is not None:
-            if server_labels is None:
-                raise SettingsError(["server_labels = None with server_images: accepted: one label per image"])
-            labels = server_labels.to(torch.int64)
-            classes = int(labels.max()) + 1 if len(labels) else 0
-            self._server_data = ServerData(
-                kind, ImageTensors(server_images, labels), classes, _Preprocessing(preprocess), "library"
-            )
-        feddle = {
-            "search_epochs": search_epochs,
-            "search_lr": search_lr,
-            "regularization": regularization,
-            "atlas_size": atlas_size,
-        }
-        super().__init__(options={"feddle": feddle}, server_data=self._server_data, **kwargs)
-
-    def server_update(self, settings: Settings) -> ServerUpdate:
-        return FeddleUpdate.for_model(settings, self._model, self._server_data)
-
-
-class _Preprocessing:
-    """A user's batch preprocessing as a :class:`~fedweigh.data.transforms.BatchTransform` (no augmentation)."""
-
-    def __init__(self, preprocess: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        self.preprocess = preprocess
-
-    def __call__(self, images: torch.Tensor, train: bool = False, generator: torch.Generator | None = None) -> Any:
-        return self.preprocess(images)
-
-
-STRATEGY_CLASSES: dict[str, type[MethodStrategy]] = {
-    strategy.method: strategy for strategy in (FedProx, FedOUI, FedNolowe, UFL, FLood, FedBuff, FedAsync)
-}
-"""The library classes by ``strategy`` name; the run-config app builds every other method as a
-:class:`MethodStrategy`."""

@@ -25,7 +25,8 @@ from flwr.app import Message
 from flwr.common.constant import ErrorCode
 
 from fedweigh.arrays import decode
-from fedweigh.protocol import MODEL_ROUND, NUM_EXAMPLES, PARTITION_ID, SIGNALS, TRAIN_LOSS, SignalCheck
+from fedweigh.methods.catalog import SIGNALS
+from fedweigh.protocol import MODEL_ROUND, NUM_EXAMPLES, PARTITION_ID, TRAIN_LOSS, SignalCheck
 from fedweigh.strategies.aggregation import all_finite
 
 logger = logging.getLogger("flwr.fedweigh")  # propagates to Flower's log handlers

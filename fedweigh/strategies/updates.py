@@ -15,9 +15,9 @@ made, relative to the model it started from: it enters the mean as
 ``θ_t + (θ_k − θ_s)``. With fresh replies only that is the plain weighted
 mean, bit for bit. :class:`AsyncMixing` (FedAsync) mixes each arrival into the model in
 turn, discounted by its staleness. Other updates (Feddle's coefficient search
-on server-held data in :mod:`fedweigh.strategies.feddle`, FedBuff's buffer of
-K updates in :mod:`fedweigh.strategies.fedbuff`, Center and Fed+FT in
-:mod:`fedweigh.strategies.server_training`) subclass
+on server-held data in :mod:`fedweigh.methods.feddle.update`, FedBuff's buffer of
+K updates in :mod:`fedweigh.methods.fedbuff.server`, Center and Fed+FT in
+:mod:`fedweigh.methods.feddle.server_training`) subclass
 :class:`ServerUpdate` too. An update says what it needs, and the check before
 training holds a run to it: the rule's weights (``uses_weights``; if not, an
 ``aggregation`` setting is refused), the server's data (``server_data``: the
@@ -201,45 +201,3 @@ class WeightedMean(ServerUpdate):
         if self.trim > 0:
             return trimmed_weighted_mean(update.current_models(), update.weights, self.trim)
         return weighted_average(update.current_models(), update.weights)
-
-
-class AsyncMixing(ServerUpdate):
-    """FedAsync: each arrival in turn, ``w ← (1 − α_τ) w + α_τ w_client``, ``α_τ = α (τ + 1)^(−a)``.
-
-    Xie et al., "Asynchronous Federated Optimization" (arXiv 1903.03934), with
-    their polynomial staleness function. The client's own model is mixed in
-    (not rebased: FedAsync's rule), each arrival of a round in turn, in
-    partition order. Its staleness τ counts *rounds*, from the round whose
-    model it trained to the round it arrives in (Xie et al. count server
-    updates, one per arrival: with 10 arrivals a round theirs would be about
-    ten times larger, so α_τ discounts less here); every arrival of a round
-    has its round's staleness, however many were mixed in before it. Every
-    exchanged tensor is mixed, batch-norm statistics included; integer buffers
-    in float64, rounded. A round where nothing arrives keeps the model.
-    Defaults α = 0.4, a = 0.5: in the Feddle paper's grid (α ∈ {0.2, 0.4, 0.8},
-    a ∈ {0.1, 0.5, 0.9}).
-    """
-
-    name = "fedasync"
-    uses_weights = False
-
-    def __init__(self, alpha: float = 0.4, a: float = 0.5) -> None:
-        self.alpha, self.a = alpha, a
-
-    @classmethod
-    def build(cls, settings: Settings, server_data: object | None = None) -> AsyncMixing:
-        return cls(settings.fedasync.alpha, settings.fedasync.a)
-
-    def mixing(self, staleness: int) -> float:
-        """``α (τ + 1)^(−a)``."""
-        return self.alpha * (staleness + 1.0) ** (-self.a)
-
-    def __call__(self, update: RoundUpdate) -> dict[str, np.ndarray]:
-        model = {name: np.asarray(value) for name, value in update.global_model.items()}
-        mixes = []
-        for index, client in enumerate(update.models):
-            alpha = self.mixing(update.staleness(index))
-            mixes.append(alpha)
-            model = weighted_average([model, client], np.array([1.0 - alpha, alpha]))
-        update.diagnostics["mixing"] = [round(alpha, 6) for alpha in mixes]
-        return model

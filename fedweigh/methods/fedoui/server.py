@@ -8,7 +8,7 @@ then rank percentiles as fallbacks), a bilateral typicality score ``s_k = 2
 min(F(o_k), 1 - F(o_k))`` and weights ``w_k ∝ max(n_k, 1)^rho (max(s_k, 0) +
 eps)^gamma`` (:func:`~fedweigh.rules.base.score_weights`):
 :func:`fedoui_weights` and :class:`OUIBetaRule`. The OUI itself is measured by
-the clients (:mod:`fedweigh.client.oui`) and arrives as the ``oui`` signal.
+the clients (:mod:`fedweigh.methods.fedoui.client`) and arrives as the ``oui`` signal.
 
 Example
 -------
@@ -27,12 +27,17 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedweigh.protocol import OUI
+from fedweigh.methods.declaration import Declaration, Method, RuleSpec
+from fedweigh.methods.fedoui.protocol import OUI, FedOUISettings, OUIProbeSettings
 from fedweigh.rules.base import RoundSignals, RuleOutcome, WeightingRule, check_exponents, score_weights
+from fedweigh.strategies.library import MethodStrategy
+
+if TYPE_CHECKING:
+    from fedweigh.settings import Settings
 
 CDF_CLIP = 1e-4
 """OUIs are clipped to ``[CDF_CLIP, 1 - CDF_CLIP]`` before the Beta CDF (spec §4 step 3)."""
@@ -347,3 +352,56 @@ class OUIBetaRule(WeightingRule):
             _check_unit_values("saved OUI history", values)
             restored.append([float(v) for v in values])
         self.history = restored[-(self.window - 1) :] if self.window > 1 else []
+
+
+def build_rule(settings: Settings) -> WeightingRule:
+    """The rule ``[fedoui]`` describes."""
+    options = settings.fedoui
+    return OUIBetaRule(
+        epsilon=options.epsilon,
+        score_exponent=options.score_exponent,
+        size_exponent=options.size_exponent,
+        window=options.window,
+    )
+
+
+FEDOUI_RULE = RuleSpec("fedoui", build_rule, "fedoui", "FedOUI: Beta fit of the OUIs, w ∝ n_k (ε + typicality score)")
+FEDOUI = Method("fedoui", FEDOUI_RULE, meaning="FedOUI: OUI-typicality weights")
+_FEDOUI, _OUI = FedOUISettings(), OUIProbeSettings()
+
+
+class FedOUI(MethodStrategy):
+    """FedOUI: weights from the typicality of each client's OUI under a Beta fit of the round's OUIs.
+
+    The client reports ``oui``, the Overfitting-Underfitting Indicator of a
+    layer's pre-activations on a fixed probe batch after training
+    (:func:`fedweigh.client.oui_signal`). ``w ∝ n^ρ (ε + s)^γ`` with ``s``
+    the bilateral typicality score; ``window`` > 1 pools the last rounds'
+    OUIs into the fit. Options as ``[fedoui]`` and ``[oui]``.
+    """
+
+    method = FEDOUI
+
+    def __init__(
+        self,
+        *,
+        epsilon: float = _FEDOUI.epsilon,
+        window: int = _FEDOUI.window,
+        score_exponent: float = _FEDOUI.score_exponent,
+        size_exponent: float = _FEDOUI.size_exponent,
+        probe_size: int = _OUI.probe_size,
+        probe_layer: str = _OUI.probe_layer,
+        probe_transform: str = _OUI.probe_transform,
+        **kwargs: Any,
+    ) -> None:
+        fedoui = {
+            "epsilon": epsilon,
+            "window": window,
+            "score_exponent": score_exponent,
+            "size_exponent": size_exponent,
+        }
+        oui = {"probe_size": probe_size, "probe_layer": probe_layer, "probe_transform": probe_transform}
+        super().__init__(options={"fedoui": fedoui, "oui": oui}, **kwargs)
+
+
+DECLARATION = Declaration(methods=(FEDOUI,), rules=(FEDOUI_RULE,), strategies=(FedOUI,))

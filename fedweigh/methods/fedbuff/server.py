@@ -45,7 +45,7 @@ Defaults, and whose (``[fedbuff]``):
 ``buffer-size = 0`` is the step this package called FedBuff before (issue
 51): every round, the mean of that round's arrivals,
 ``w + η_g/|B| Σ sw(τ) Δ`` with τ in rounds, which is Feddle's fallback with
-the search off (:class:`~fedweigh.strategies.feddle.FallbackStep`), bit for
+the search off (:class:`~fedweigh.methods.feddle.update.FallbackStep`), bit for
 bit; with ``staleness-scaling = false`` it is that FedBuff exactly.
 
 Example
@@ -70,9 +70,13 @@ from typing import Any
 
 import numpy as np
 
+from fedweigh.methods.declaration import Declaration, Method
+from fedweigh.methods.fedavg.server import SAMPLE_COUNT
+from fedweigh.methods.fedbuff.protocol import FedBuffSettings
+from fedweigh.methods.feddle.update import FallbackStep
 from fedweigh.settings import Settings
 from fedweigh.strategies.aggregation import NamedArrays
-from fedweigh.strategies.feddle import FallbackStep
+from fedweigh.strategies.library import MethodStrategy
 from fedweigh.strategies.updates import RoundUpdate, ServerUpdate
 
 
@@ -133,7 +137,7 @@ class BufferedStep(ServerUpdate):
     Parameters
     ----------
     buffer_size : int
-        K, at least 1 (``fedbuff.buffer-size = 0`` builds :class:`~fedweigh.strategies.feddle.FallbackStep`).
+        K, at least 1 (``fedbuff.buffer-size = 0`` builds :class:`~fedweigh.methods.feddle.update.FallbackStep`).
     server_lr : float
         η_g.
     staleness_scaling : bool
@@ -201,3 +205,41 @@ class BufferedStep(ServerUpdate):
     def load_state(self, state: Mapping[str, Any]) -> None:
         self.buffer.load_state(state.get("buffer", {}))
         self.step_rounds = [int(r) for r in state.get("step-rounds", [])]
+
+
+FEDBUFF = Method(
+    "fedbuff",
+    SAMPLE_COUNT,
+    update=BufferedStep,
+    meaning="FedBuff: a step with the staleness-weighted mean of every K buffered updates",
+)
+_FEDBUFF = FedBuffSettings()
+
+
+class FedBuff(MethodStrategy):
+    """FedBuff (Nguyen et al., "Federated Learning with Buffered Asynchronous Aggregation", arXiv 2106.06639).
+
+    Client updates wait in a buffer; once it holds ``buffer_size`` (K) the
+    server steps, ``w ← w + η_g / K · Σ s(τ) Δ``, ``s(τ) = 1/√(1 + τ)`` with τ
+    the server steps since the update's model (``staleness_scaling``), and the
+    buffer empties. Made for asynchrony: give ``round_deadline`` (a
+    deployment) or ``delay_std`` (a simulation) and ``max_staleness``.
+    ``buffer_size = 0``: a step every round on what arrived. Options as
+    ``[fedbuff]``.
+    """
+
+    method = FEDBUFF
+
+    def __init__(
+        self,
+        *,
+        buffer_size: int = _FEDBUFF.buffer_size,
+        server_lr: float = _FEDBUFF.server_lr,
+        staleness_scaling: bool = _FEDBUFF.staleness_scaling,
+        **kwargs: Any,
+    ) -> None:
+        fedbuff = {"buffer_size": buffer_size, "server_lr": server_lr, "staleness_scaling": staleness_scaling}
+        super().__init__(options={"fedbuff": fedbuff}, **kwargs)
+
+
+DECLARATION = Declaration(methods=(FEDBUFF,), updates=(BufferedStep,), strategies=(FedBuff,))

@@ -2,7 +2,7 @@
 
 The client side of the UFL paper ("UFL: Uncertainty-Driven Federated
 Learning", spec ``specs/ufl.md``); the server's U-Agg is
-:mod:`fedweigh.rules.uagg`:
+:mod:`fedweigh.methods.ufl.server`:
 
 * the **per-sample uncertainty** ``u_i = -log max(p̄_{i,y_i}, eps)`` of the
   received global model, where ``p̄_i`` is the mean of ``N`` Monte Carlo
@@ -42,19 +42,23 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from fedweigh.client.mc_dropout import ensure_mc_dropout, mc_mean_probabilities
+from fedweigh.client.mc_dropout import MC_BATCH_SIZE, ensure_mc_dropout, mc_mean_probabilities, mc_mean_probabilities_of
+from fedweigh.client.signals import Signals, batches_of
 from fedweigh.client.steps import ClientStep, Metrics, StepContext
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
-from fedweigh.options import UFLSettings
-from fedweigh.protocol import MC_SECONDS, STEPS, UNCERTAINTY, UNCERTAINTY_MEAN, table_from_config
+from fedweigh.methods.catalog import STEPS
+from fedweigh.methods.ufl.protocol import UNCERTAINTY, UNCERTAINTY_MEAN, UFLSettings
+from fedweigh.protocol import MC_SECONDS, table_from_config
+
+_UFL = UFLSettings()
 
 logger = logging.getLogger("flwr.fedweigh")
 
@@ -270,3 +274,68 @@ class UFLDropoutStep(ClientStep):
     def before_training(self, context: StepContext) -> tuple[None, Metrics]:
         ensure_mc_dropout(context.model, ufl_options(context.config).dropout)
         return None, {}
+
+
+# ---------------------------------------------------------------------------
+# for your own ClientApp
+# ---------------------------------------------------------------------------
+
+
+def mc_uncertainty(
+    model: nn.Module,
+    inputs: torch.Tensor | Iterable[torch.Tensor],
+    labels: torch.Tensor,
+    *,
+    passes: int = _UFL.mc_passes,
+    dropout: float = _UFL.dropout,
+    classifier: str = "",
+    seed: int = 0,
+) -> torch.Tensor:
+    """UFL's per-sample uncertainty ``u_i = −log p̄_{i,y_i}`` under MC dropout (``passes`` forward passes).
+
+    ``inputs``: all of the client's training inputs in order (a tensor, cut
+    into batches of ``MC_BATCH_SIZE``, or its batches), ready for the model;
+    ``labels`` the same samples' labels.
+    A model without ``nn.Dropout`` gets dropout ``dropout`` before its
+    ``classifier`` layer (by name), which then stays for training, as UFL
+    trains with it. The masks are seeded by ``seed``; the global random
+    state is left as it was.
+    """
+    ensure_mc_dropout(model, dropout, classifier)
+    device = labels.device
+    probabilities = mc_mean_probabilities_of(model, batches_of(inputs, MC_BATCH_SIZE), device, passes, seed)
+    if len(probabilities) != len(labels):
+        raise ValueError(f"{len(probabilities)} inputs but {len(labels)} labels; accepted: one label per input")
+    return sample_uncertainty(probabilities, labels)
+
+
+def ufl_weights(
+    model: nn.Module,
+    inputs: torch.Tensor | Iterable[torch.Tensor],
+    labels: torch.Tensor,
+    *,
+    passes: int = _UFL.mc_passes,
+    ratio: float = _UFL.ratio,
+    alpha: float = _UFL.alpha,
+    dropout: float = _UFL.dropout,
+    classifier: str = "",
+    seed: int = 0,
+) -> tuple[torch.Tensor, Signals]:
+    """UFL before training: each sample's loss weight, and the signals U-Agg weighs with.
+
+    The ``ratio`` most uncertain samples (:func:`mc_uncertainty`) weigh
+    ``1 + alpha·u``, the others 1. Returns the weights, one per sample in
+    the order of ``inputs`` (use them in :func:`weighted_loss` with each
+    batch's sample indices), and ``uncertainty`` (U_k, the sum of the
+    selected ``u``), ``uncertainty-mean`` and a summary of ``u``.
+    """
+    u = mc_uncertainty(model, inputs, labels, passes=passes, dropout=dropout, classifier=classifier, seed=seed)
+    selected = select_uncertain(u, ratio)
+    weights = loss_weights(u, selected, alpha)
+    return weights, uncertainty_summary(u, selected, weights)
+
+
+STEP_CLASSES = (UFLStep, UFLDropoutStep)
+"""This package's client steps (gathered by :mod:`fedweigh.client.registry`)."""
+
+__all__ = ["UFLDropoutStep", "UFLStep", "mc_uncertainty", "ufl_weights"]

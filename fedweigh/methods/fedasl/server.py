@@ -46,6 +46,8 @@ import math
 
 import numpy as np
 
+from fedweigh.methods.costs import MethodCost
+from fedweigh.methods.declaration import Declaration, Method, RuleSpec
 from fedweigh.protocol import TRAIN_LOSS
 from fedweigh.rules.base import RoundSignals, RuleOutcome, WeightingRule, normalized
 
@@ -186,3 +188,26 @@ class LossDeviationRule(WeightingRule):
                 "fedasl-in-region": inside.astype(float).tolist(),
             },
         )
+
+
+def loss_deviation_weighting(num_clients: int) -> int:
+    median = 2 if num_clients % 2 == 0 else 0  # mean of the two middle values
+    standard_deviation = 4 * num_clients + 1  # mean, subtract, square, sum, divide, sqrt
+    scale = num_clients  # divide by the largest magnitude
+    deviations = 2 * num_clients  # subtract the median, divide by sigma
+    reciprocal_and_normalize = num_clients + (2 * num_clients - 1)
+    return scale + median + standard_deviation + deviations + reciprocal_and_normalize
+
+
+FEDASL_RULE = RuleSpec(
+    "fedasl",
+    lambda settings: LossDeviationRule(settings.fedasl.alpha, settings.fedasl.beta),
+    "fedasl",
+    "FedAsl: w ∝ 1/distance of the loss from the round's median",
+)
+
+DECLARATION = Declaration(
+    methods=(Method("fedasl", FEDASL_RULE, meaning="FedAsl (the FedNolowe paper's baseline): loss-deviation weights"),),
+    rules=(FEDASL_RULE,),
+    costs={"fedasl": MethodCost(loss_deviation_weighting)},
+)

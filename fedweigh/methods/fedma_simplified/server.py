@@ -50,6 +50,9 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from scipy.spatial.distance import cdist
 
+from fedweigh.methods.costs import MethodCost, uniform_weighting
+from fedweigh.methods.declaration import Declaration, Method
+from fedweigh.methods.fedavg.server import UNIFORM
 from fedweigh.settings import Settings
 from fedweigh.strategies.aggregation import NamedArrays, weighted_average
 from fedweigh.strategies.updates import RoundUpdate, ServerUpdate
@@ -136,3 +139,24 @@ class FedMASimplified(ServerUpdate):
 def skip_layer_names(text: str) -> list[str]:
     """``"fc3, fc2"`` -> ``["fc3", "fc2"]``; ``""`` -> ``[]``."""
     return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def row_matching(num_clients: int, matched: Sequence[tuple[int, int]]) -> int:
+    """``fedma-simplified``'s matching: per other client and matched ``(rows r, row length c)``, distances and the
+    assignment bound (module docstring)."""
+    per_client = sum(rows * rows * (3 * length - 1) + rows * rows + 2 * rows**3 for rows, length in matched)
+    return (num_clients - 1) * per_client
+
+
+DECLARATION = Declaration(
+    methods=(
+        Method(
+            "fedma-simplified",
+            UNIFORM,
+            update=FedMASimplified,
+            meaning="the FedNolowe authors' code's 'FedMa' (not FedMA): rows matched to one client's, uniform mean",
+        ),
+    ),
+    updates=(FedMASimplified,),
+    costs={"fedma-simplified": MethodCost(uniform_weighting, matching=row_matching)},
+)

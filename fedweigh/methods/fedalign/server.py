@@ -24,10 +24,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fedweigh.methods.declaration import Declaration, Method, RuleSpec
 from fedweigh.rules.base import NamedArrays, RoundSignals, RuleOutcome, WeightingRule, score_weights
+
+if TYPE_CHECKING:
+    from fedweigh.settings import Settings
 
 ALIGNMENT = "alignment"
 """Server signal: cosine of each client's update with the round's mean update."""
@@ -123,3 +128,21 @@ class AlignmentRule(WeightingRule):
             rho=self.size_exponent,
         )
         return RuleOutcome(weights, {"alignment-mean": float(np.mean(cosines))})
+
+
+def build_rule(settings: Settings) -> WeightingRule:
+    """The rule ``[fedalign]`` describes."""
+    options = settings.fedalign
+    return AlignmentRule(
+        epsilon=options.epsilon, alignment_exponent=options.alignment_exponent, size_exponent=options.size_exponent
+    )
+
+
+FEDALIGN_RULE = RuleSpec("fedalign", build_rule, "fedalign", "FedAlign: w ∝ n_k (ε + max(0, cos(Δ_k, Δ̄)))")
+
+DECLARATION = Declaration(
+    methods=(
+        Method("fedalign", FEDALIGN_RULE, meaning="FedAlign (the FedOUI paper's baseline): update-alignment weights"),
+    ),
+    rules=(FEDALIGN_RULE,),
+)

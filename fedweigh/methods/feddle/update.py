@@ -7,7 +7,7 @@ the whole method on the server. Each round, :class:`FeddleUpdate`:
 
 1. adds every arriving client update ``Δ = θ_client − θ_start`` (trainable
    parameters only, relative to the model the client started from) to the
-   :class:`~fedweigh.strategies.atlas.ModelAtlas` of at most M anchors,
+   :class:`~fedweigh.methods.feddle.atlas.ModelAtlas` of at most M anchors,
    evicting the least important one when full;
 2. rescales the anchors to their median norm, ``ā_m = r_m a_m`` (Eq. 4);
 3. starts the coefficients at FedBuff's step, ``c'`` (the fallback, §3.4);
@@ -27,7 +27,7 @@ The fallback is FedBuff's step over the updates received since the last
 search, which is the round's arrivals (spec §3.4: ``c'_m = η_g sw(τ_m) /
 |B| / r_m``, τ in rounds, η_g = 1 and sw = 1 by default,
 ``feddle.fallback-server-lr`` and ``feddle.fallback-staleness-scaling``), not
-Nguyen et al.'s buffer of K updates (:mod:`fedweigh.strategies.fedbuff`).
+Nguyen et al.'s buffer of K updates (:mod:`fedweigh.methods.fedbuff.server`).
 :class:`FallbackStep` is the step with the search off: the fallback itself,
 ``w + η_g / |B| Σ_{new} sw(τ) Δ``.
 
@@ -67,18 +67,18 @@ from torch import nn
 from fedweigh.components import new_model, resolve_device
 from fedweigh.data.loader import batches
 from fedweigh.data.server import ServerData
-from fedweigh.models import on_device
-from fedweigh.models.finetuning import exchanged_keys
-from fedweigh.results import SEARCH_SECONDS
-from fedweigh.settings import Settings
-from fedweigh.strategies.aggregation import NamedArrays, weighted_average
-from fedweigh.strategies.atlas import (
+from fedweigh.methods.feddle.atlas import (
     ModelAtlas,
     coefficient_gradient,
     fallback_coefficients,
     median_norm_ratios,
     merged,
 )
+from fedweigh.models import on_device
+from fedweigh.models.finetuning import exchanged_keys
+from fedweigh.results import SEARCH_SECONDS
+from fedweigh.settings import Settings
+from fedweigh.strategies.aggregation import NamedArrays, weighted_average
 from fedweigh.strategies.updates import RoundUpdate, ServerUpdate
 
 logger = logging.getLogger("flwr.fedweigh")
@@ -508,7 +508,7 @@ class FallbackStep(FeddleUpdate):
     ``fedbuff.buffer-size = 0`` (with ``fedbuff.server-lr`` and
     ``fedbuff.staleness-scaling``): the FedBuff of this package before issue
     51, bit for bit. Nguyen et al.'s buffer of K updates is
-    :class:`fedweigh.strategies.fedbuff.BufferedStep`.
+    :class:`fedweigh.methods.fedbuff.server.BufferedStep`.
     """
 
     name = "fedbuff"

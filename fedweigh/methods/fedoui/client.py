@@ -7,7 +7,7 @@ pre-activations, :func:`oui` (paper Eqs. 1-4). The client step ``"oui"``
 (:class:`OUIProbe`) runs, after local training, one no-grad, eval-mode forward
 pass of the trained model over a fixed per-client probe batch, with a hook on
 the model's ``probe_layer``, and reports the ``oui`` signal. The server's rule
-is :mod:`fedweigh.rules.fedoui`.
+is :mod:`fedweigh.methods.fedoui.server`.
 
 Example
 -------
@@ -19,16 +19,20 @@ Example
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
+from flwr.clientapp.typing import Mod
 from torch import nn
 
+from fedweigh.client.mods import signal_mod
+from fedweigh.client.signals import Signals
 from fedweigh.client.steps import ClientStep, Metrics, StepContext
-from fedweigh.options import OUIProbeSettings
-from fedweigh.protocol import OUI, STEPS, table_from_config
+from fedweigh.methods.catalog import STEPS
+from fedweigh.methods.fedoui.protocol import OUI, OUIProbeSettings
+from fedweigh.protocol import table_from_config
 
 PROBE_SIZE_METRIC = "oui-probe-size"
 """Reported with the OUI: the number of probe samples it was measured on."""
@@ -212,3 +216,39 @@ class OUIProbe(ClientStep):
         else:
             inputs = context.transform(images.to(context.device), train=False)
         return {OUI: probe_oui(context.model, layer, inputs), PROBE_SIZE_METRIC: float(options.probe_size)}
+
+
+# ---------------------------------------------------------------------------
+# for your own ClientApp
+# ---------------------------------------------------------------------------
+
+
+def oui_signal(model: nn.Module, probe: torch.Tensor, layer: str = "") -> Signals:
+    """FedOUI's signal: the OUI of ``layer``'s output on a probe batch, in eval mode, after training.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The trained model (its modes are restored afterwards).
+    probe : torch.Tensor
+        The probe batch, ready for the model: the same images every round
+        (the paper's fixed probe); ``oui.probe-size`` of the instruction says
+        how many the server asks for.
+    layer : str
+        The submodule whose output (a pre-activation) is measured, by its
+        name in ``model.named_modules()``; ``""`` uses ``model.probe_layer``.
+    """
+    return {OUI: probe_oui(model, resolve_probe_layer(model, layer), probe)}
+
+
+def oui_mod(model_fn: Callable[[], nn.Module], probe: torch.Tensor, layer: str = "") -> Mod:
+    """FedOUI's OUI (:func:`oui_signal`) on ``probe`` (at most ``oui.probe-size`` of it)."""
+    return signal_mod(
+        "oui", model_fn, lambda model, instruction: oui_signal(model, probe[: instruction.oui.probe_size], layer)
+    )
+
+
+STEP_CLASSES = (OUIProbe,)
+"""This package's client steps (gathered by :mod:`fedweigh.client.registry`)."""
+
+__all__ = ["OUIProbe", "oui_mod", "oui_signal"]

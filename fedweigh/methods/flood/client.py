@@ -16,7 +16,7 @@ out-of-distribution and weighs them by λ(t) in the loss:
   scores detached (:class:`ASWWeighting`, step ``"asw"``);
 * **φ** (Eq. 10): after training, the mean score of the trained model over the
   client's own training data, in eval mode (step ``"ood-score"``), the signal
-  of the server's DAC rule (:mod:`fedweigh.rules.dac`).
+  of the server's DAC rule (:mod:`fedweigh.methods.flood.server`).
 
 λ(t) is the server's (:mod:`fedweigh.strategies.schedules`); it arrives with
 each round's instruction.
@@ -36,14 +36,21 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
+from flwr.clientapp.typing import Mod
 from torch import nn
 
+from fedweigh.client.instruction import Instruction
+from fedweigh.client.mods import signal_mod
+from fedweigh.client.signals import Signals, batches_of
 from fedweigh.client.steps import ClientStep, Metrics, StepContext
 from fedweigh.data.loader import batches
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
-from fedweigh.options import FLoodSettings
-from fedweigh.protocol import ASW_LAMBDA, OOD_SCORE, STEPS, table_from_config
+from fedweigh.methods.catalog import STEPS
+from fedweigh.methods.flood.protocol import ASW_LAMBDA, OOD_SCORE, FLoodSettings
+from fedweigh.protocol import table_from_config
+
+_FLOOD = FLoodSettings()
 
 ScoreFunction = Callable[[torch.Tensor], torch.Tensor]
 
@@ -258,3 +265,66 @@ class OODScoreStep(ClientStep):
             generator=generator,
         )
         return {OOD_SCORE: phi}
+
+
+# ---------------------------------------------------------------------------
+# for your own ClientApp
+# ---------------------------------------------------------------------------
+
+
+def energy_scores(logits: torch.Tensor, temperature: float = _FLOOD.temperature) -> torch.Tensor:
+    """FLood's OOD score per sample: ``T · logsumexp(logits / T)`` (low: out-of-distribution-like)."""
+    return SCORES["energy"](logits, temperature)
+
+
+def asw_sample_weights(
+    logits: torch.Tensor,
+    lam: float,
+    *,
+    q: float = _FLOOD.q,
+    score: str = _FLOOD.score,
+    temperature: float = _FLOOD.temperature,
+) -> torch.Tensor:
+    """FLood's ASW for one batch: its pseudo-OOD samples (scoring below the batch's lower q-quantile) weigh λ.
+
+    ``lam`` is the round's λ(t), which the instruction carries
+    (``Instruction.asw_lambda``); the others weigh 1. No gradient flows
+    through the weights.
+    """
+    if score not in SCORES:
+        raise ValueError(f"flood.score = {score!r}; accepted: {', '.join(SCORES)}")
+    if not math.isfinite(lam) or lam < 0:
+        raise ValueError(f"asw-lambda = {lam!r}; accepted: a finite number >= 0")
+    with torch.no_grad():
+        return asw_weights(SCORES[score](logits.detach(), temperature), q, lam).to(logits.dtype)
+
+
+def ood_score_signal(
+    model: nn.Module,
+    inputs: torch.Tensor | Iterable[torch.Tensor],
+    *,
+    score: str = _FLOOD.score,
+    temperature: float = _FLOOD.temperature,
+) -> Signals:
+    """FLood's signal for DAC after training: φ, the trained model's mean OOD score over the client's inputs."""
+    if score not in SCORES:
+        raise ValueError(f"flood.score = {score!r}; accepted: {', '.join(SCORES)}")
+    return {OOD_SCORE: mean_score_of(model, batches_of(inputs), lambda logits: SCORES[score](logits, temperature))}
+
+
+def ood_score_mod(
+    model_fn: Callable[[], nn.Module], inputs: Callable[[], torch.Tensor | Iterable[torch.Tensor]]
+) -> Mod:
+    """FLood's φ (:func:`ood_score_signal`) over ``inputs()``, the client's own inputs."""
+
+    def measure(model: nn.Module, instruction: Instruction) -> Signals:
+        options = instruction.flood
+        return ood_score_signal(model, inputs(), score=options.score, temperature=options.temperature)
+
+    return signal_mod("ood-score", model_fn, measure)
+
+
+STEP_CLASSES = (ASWStep, OODScoreStep)
+"""This package's client steps (gathered by :mod:`fedweigh.client.registry`)."""
+
+__all__ = ["ASWStep", "OODScoreStep", "asw_sample_weights", "energy_scores", "ood_score_mod", "ood_score_signal"]

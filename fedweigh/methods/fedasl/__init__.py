@@ -1,0 +1,1 @@
+"""FedAsl, the FedNolowe paper's baseline: weights from the distance of each loss to the round's median."""

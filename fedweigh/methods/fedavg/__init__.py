@@ -1,0 +1,1 @@
+"""FedAvg and the plain mean: the sample-count and uniform rules, the weighted mean as the server update."""

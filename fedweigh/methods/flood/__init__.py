@@ -1,0 +1,1 @@
+"""FLood: energy-score sample weights ASW (client) and OOD-confidence aggregation DAC (server), a plug-in."""
