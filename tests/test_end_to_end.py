@@ -36,6 +36,7 @@ SIGNAL_OF = {
     "ufl": "uncertainty",
     "ufl-fedavg": "uncertainty",
     "flood": "ood-score",
+    "feddisco": "label-discrepancy",
 }
 
 

@@ -72,6 +72,7 @@ PUBLIC: dict[str, Any] = {
 }
 """What :mod:`fedweigh.strategies` offers a user's ServerApp from the packages, by name (``FedOUI``, ``DAC``)."""
 
+
 def aggregation(name: str, **options: Any) -> WeightingRule:
     """An aggregation rule by its run-config name (``fednolowe``, ``dac``, ...), its options as keyword arguments.
 
