@@ -292,6 +292,7 @@ def train(message: Message, context: Context) -> Message:
         partition_id=seed_key,  # the partition id; for a site without one, the key its seeds derive from
         server_round=server_round,
         config=config,
+        node_state=context.state,
     )
     steps = build_steps(list(config.get(CLIENT_STEPS, [])))
     weightings, signals = [], {}
@@ -311,6 +312,7 @@ def train(message: Message, context: Context) -> Message:
         generator,
         combine(weightings),
         optimizer_state=to_tensors(kept, writable=True) if isinstance(kept, ArrayRecord) else None,
+        loss_terms=[term for step in steps if (term := step.loss_term(step_context)) is not None],
     )
     if stats.optimizer_state is not None:
         context.state[OPTIMIZER_STATE] = encode(stats.optimizer_state)

@@ -1,8 +1,9 @@
-"""FLood's comparison set, server side: FedAvgM, FedNova and FedDisco against hand-computed values.
+"""FLood's comparison set against hand-computed values: FedAvgM, FedNova, FedDisco (server side), FedDecorr and
+MOON (client side).
 
-Each is a method package (``fedweigh/methods/{fedavgm,fednova,feddisco}``); the
-hyperparameters are FLood's Table I (FedAvgM ρ = 0.1; FedDisco a = 0.5, b = 1;
-FedNova none). Every strategy runs end to end with every rule in
+Each is a method package (``fedweigh/methods/<method>``); the hyperparameters
+are FLood's Table I (FedAvgM ρ = 0.1; FedDisco a = 0.5, b = 1; FedDecorr
+β = 0.1; MOON μ = 1, τ = 0.5; FedNova none). Every strategy runs end to end with every rule in
 ``test_end_to_end.py``; here are the numbers.
 """
 
@@ -11,19 +12,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 from fedweigh.client.steps import StepContext
+from fedweigh.client.training import train_locally
 from fedweigh.components import batch_transform, new_model
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.methods.fedavgm.server import ServerMomentum
+from fedweigh.methods.feddecorr.client import Decorrelation, DecorrelationStep, decorrelation_loss
 from fedweigh.methods.feddisco.client import LabelDiscrepancyStep, label_discrepancy
 from fedweigh.methods.feddisco.server import DiscrepancyRule, disco_weights
 from fedweigh.methods.fednova.server import NormalizedAveraging, effective_steps, local_steps
+from fedweigh.methods.moon.client import PREVIOUS, Contrast, ContrastStep, moon_loss
 from fedweigh.methods.registry import METHODS, plan_run
+from fedweigh.protocol import TrainRecipe
 from fedweigh.rules.base import RoundSignals
 from fedweigh.settings import SettingsError, validate
-from fedweigh.strategies import FedAvgM, FedDisco, FedNova
+from fedweigh.strategies import MOON, FedAvgM, FedDecorr, FedDisco, FedNova
 from fedweigh.strategies.build import build_strategy
 from fedweigh.strategies.updates import RoundUpdate
 
@@ -157,3 +163,96 @@ def test_the_comparison_set_has_flood_s_table_i_defaults():
     assert settings.fedavgm.server_momentum == 0.1 and (settings.feddisco.a, settings.feddisco.b) == (0.5, 1.0)
     assert {"fedavgm", "fednova", "feddisco"} <= set(METHODS)
     assert FedAvgM().update.momentum == 0.1
+
+
+# ---------------------------------------------------------------------------
+# FedDecorr and MOON: terms in the client's loss
+# ---------------------------------------------------------------------------
+
+
+def digits_client(**config):
+    settings = validate({"dataset": "digits", "model": "mlp", **config})
+    model = new_model(settings)
+    generator = torch.Generator().manual_seed(0)
+    data = ImageTensors(
+        torch.randint(0, 17, (24, 1, 8, 8), dtype=torch.uint8, generator=generator), torch.arange(24) % 10
+    )
+    return settings, model, data
+
+
+def test_feddecorr_penalises_correlated_feature_dimensions():
+    correlated = torch.tensor([[1.0, 2.0], [2.0, 4.0], [3.0, 6.0]])
+    assert float(decorrelation_loss(correlated)) == pytest.approx(8 / 2 / 3)  # C_01 = C_10 = 2, over B = 3
+    independent = torch.tensor([[1.0, 1.0], [1.0, -1.0], [-1.0, 1.0], [-1.0, -1.0]])
+    assert float(decorrelation_loss(independent)) == pytest.approx(0.0, abs=1e-12)
+    assert float(decorrelation_loss(correlated[:1])) == 0.0  # one sample: no term
+    assert float(Decorrelation(0.1)(correlated, correlated)) == pytest.approx(0.1 * 8 / 6)
+    features = correlated.clone().requires_grad_(True)
+    decorrelation_loss(features).backward()
+    assert features.grad is not None and torch.isfinite(features.grad).all()
+
+
+def test_moon_pulls_towards_the_global_features_and_away_from_the_previous():
+    r = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    toward, away = torch.tensor([[2.0, 0.0], [0.0, 1.0]]), torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+    expected = float(np.log1p(np.exp(-2.0)))  # each sample: cos 1 and 0 at τ = 0.5, −log(e²/(e² + 1))
+    assert float(moon_loss(r, toward, away, 0.5)) == pytest.approx(expected)
+    assert float(moon_loss(r, away, toward, 0.5)) == pytest.approx(float(np.log1p(np.exp(2.0))))
+
+
+def test_a_loss_term_changes_training_and_none_leaves_it_as_it_was():
+    settings, model, data = digits_client()
+    recipe = TrainRecipe(local_epochs=1, batch_size=8)
+    runs = {}
+    for name, terms in (("plain", ()), ("again", ()), ("decorr", (Decorrelation(10.0),))):
+        trained = new_model(settings)
+        trained.load_state_dict(model.state_dict())
+        generator = torch.Generator().manual_seed(1)
+        train_locally(
+            trained, data, recipe, batch_transform(settings), torch.device("cpu"), generator, loss_terms=terms
+        )
+        runs[name] = trained.state_dict()
+    assert all(torch.equal(runs["plain"][k], runs["again"][k]) for k in runs["plain"])
+    assert any(not torch.equal(runs["plain"][k], runs["decorr"][k]) for k in runs["plain"])
+    assert not model.get_submodule(model.classifier_layer)._forward_pre_hooks  # the capture is removed
+
+
+def test_moon_s_step_keeps_the_last_local_model_in_the_node_state():
+    settings, model, data = digits_client()
+    state = RecordDict()
+    config = {"moon.mu": 1.0, "moon.temperature": 0.5}
+    context = StepContext(model, data, batch_transform(settings), torch.device("cpu"), 0, 0, 0, 1, config, state)
+    step = ContrastStep()
+    first = step.loss_term(context)
+    assert isinstance(first, Contrast)  # first round: the previous model is the global one
+    frozen_global = first.frozen[0][0].state_dict()
+    assert all(torch.equal(frozen_global[name], value) for name, value in model.state_dict().items())
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(1.0)  # "trained"
+    step.after_training(context)
+    assert isinstance(state[PREVIOUS], ArrayRecord)
+    kept = state[PREVIOUS].to_torch_state_dict()
+    assert all(torch.equal(kept[name], value) for name, value in model.state_dict().items() if name in kept)
+    second = step.loss_term(context)  # the next round starts from what was kept
+    previous = second.frozen[1][0].state_dict()
+    assert all(torch.equal(previous[name], value) for name, value in kept.items())
+    assert not any(p.requires_grad for p in second.frozen[1][0].parameters())  # frozen
+    inputs = batch_transform(settings)(data.images[:4], train=False, generator=None)
+    assert torch.isfinite(second(torch.randn(4, second.features(0, inputs).shape[1]), inputs))
+    ContrastStep().after_training(StepContext(model, data, batch_transform(settings), torch.device("cpu"), 0, 0, 0, 1))
+
+
+def test_the_client_side_methods_ask_for_their_steps_with_table_i_defaults():
+    assert FedDecorr().recipe == {"client-steps": ["feddecorr"], "feddecorr.beta": 0.1}
+    assert MOON().recipe == {"client-steps": ["moon"], "moon.mu": 1.0, "moon.temperature": 0.5}
+    app = build_strategy(validate({"strategy": "moon", "client-steps": "asw", "aggregation": "dac"}))
+    assert app.recipe["client-steps"] == ["moon", "ood-score", "asw"]  # FLood's plug-in (spec §4): ASW and DAC
+    assert (
+        DecorrelationStep().loss_term(
+            StepContext(nn.Linear(1, 1), None, None, None, 0, 0, 0, 1, {"feddecorr.beta": 0.0})
+        )
+        is None
+    )
+    with pytest.raises(SettingsError, match="moon.temperature = 0"):
+        MOON(temperature=0.0)

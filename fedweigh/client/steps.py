@@ -7,6 +7,10 @@ strategy or rule asked for them. A step may
 * before training, return a :class:`~fedweigh.client.training.SampleWeighting`
   that re-weights the client's samples in the loss (UFL, FLood's ASW), and
   signals measured on the received global model;
+* during training, add a term to every batch's loss (:class:`LossTerm`: MOON's
+  contrastive term, FedDecorr's decorrelation), computed from the batch's
+  inputs and the model's features there (the input of its ``classifier_layer``),
+  added unweighted after the (weighted) cross-entropy;
 * after training, return signals measured on the trained model (FedOUI's OUI).
 
 Each step's options arrive in the instruction under its run-config table
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -28,6 +32,17 @@ from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
 
 Metrics = dict[str, float]
+
+
+class LossTerm(Protocol):
+    """A term added to every batch's loss: ``term(features, inputs)``, a scalar with a gradient.
+
+    ``features`` are the batch's features under the model being trained (the
+    input of its classifier, ``[B, d]``), ``inputs`` the batch as the model
+    took it.
+    """
+
+    def __call__(self, features: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass
@@ -55,6 +70,9 @@ class StepContext:
     partition_id: int
     server_round: int
     config: Mapping[str, Any] = field(default_factory=dict)
+    node_state: Any = None
+    """What this node keeps between the rounds it trains in (Flower's ``Context.state``, a ``RecordDict``);
+    None where nothing is kept."""
 
 
 class ClientStep:
@@ -73,6 +91,10 @@ class ClientStep:
 
     def before_training(self, context: StepContext) -> tuple[SampleWeighting | None, Metrics]:
         return None, {}
+
+    def loss_term(self, context: StepContext) -> LossTerm | None:
+        """A term for every batch's loss, built before training (None: none)."""
+        return None
 
     def after_training(self, context: StepContext) -> Metrics:
         return {}

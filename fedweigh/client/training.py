@@ -11,7 +11,8 @@ local indices it returns one weight per sample, and the batch loss becomes
     sum_i w_i * CE_i / sum_i w_i    (``normalize=True``).
 
 FedProx's proximal term ``mu/2 * ||w - w_global||^2`` is added when
-``proximal_mu > 0``. The reported ``train_loss`` is the per-sample mean of
+``proximal_mu > 0``, and a client step's loss terms (MOON's, FedDecorr's) are
+added unweighted. The reported ``train_loss`` is the per-sample mean of
 the plain (unweighted) cross-entropy over all local epochs, each batch's loss
 taken before its step: exactly the quantity FedNolowe weighs.
 """
@@ -19,8 +20,9 @@ taken before its step: exactly the quantity FedNolowe weighs.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +33,9 @@ from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
 from fedweigh.models.finetuning import train_mode
 from fedweigh.protocol import TrainRecipe
+
+if TYPE_CHECKING:
+    from fedweigh.client.steps import LossTerm
 
 OptimizerState = dict[str, torch.Tensor]
 """An optimizer's state by ``"<parameter name>/<slot>"`` (``fc1.weight/momentum_buffer``), on the CPU."""
@@ -155,6 +160,24 @@ def autocast(precision: str, device: torch.device) -> torch.autocast:
     return torch.autocast(device.type, dtype=PRECISIONS.get(precision, torch.bfloat16), enabled=precision != "off")
 
 
+def features_of(model: nn.Module, layer: str = "") -> tuple[list[torch.Tensor], Any]:
+    """Capture the input of ``layer`` (default: the model's ``classifier_layer``) on every forward pass.
+
+    Returns the list the batches' features (``[B, d]``, flattened) are appended to, and the hook's handle
+    (``handle.remove()`` ends the capture).
+    """
+    name = layer or getattr(model, "classifier_layer", "")
+    if not name:
+        raise ValueError(
+            "the model names no classifier_layer, whose input is its features; accepted: a model that does"
+        )
+    captured: list[torch.Tensor] = []
+    handle = model.get_submodule(name).register_forward_pre_hook(
+        lambda module, args: captured.append(args[0].flatten(1))
+    )
+    return captured, handle
+
+
 def train_locally(
     model: nn.Module,
     data: ImageTensors,
@@ -164,6 +187,7 @@ def train_locally(
     generator: torch.Generator,
     sample_weighting: SampleWeighting | None = None,
     optimizer_state: OptimizerState | None = None,
+    loss_terms: Sequence[LossTerm] = (),
 ) -> TrainStats:
     """Run ``recipe.local_epochs`` epochs on ``data`` in place on ``model``.
 
@@ -171,7 +195,9 @@ def train_locally(
     starts the optimizer where that call left it (SGD's momentum, Adam's
     moments and step count) instead of fresh; entries whose parameter name or
     shape no longer match are ignored. The returned stats carry this call's
-    final state when ``recipe.persist_optimizer_state`` is set.
+    final state when ``recipe.persist_optimizer_state`` is set. ``loss_terms``
+    are added to every batch's loss, unweighted, given the batch's features
+    (:func:`features_of`) and inputs.
     """
     if len(data) == 0:
         raise ValueError(
@@ -189,6 +215,7 @@ def train_locally(
     if optimizer_state:
         import_state(optimizer, named, optimizer_state)
     anchor = [p.detach().clone() for _, p in named] if recipe.proximal_mu > 0 else []
+    features, capture = features_of(model) if loss_terms else ([], None)
     loss_sum = 0.0
     steps = 0
     for _ in range(recipe.local_epochs):
@@ -203,6 +230,11 @@ def train_locally(
             )
             if anchor:
                 loss = loss + 0.5 * recipe.proximal_mu * proximal_term(model, anchor)
+            if loss_terms:
+                batch_features = features.pop().float()
+                features.clear()
+                for term in loss_terms:
+                    loss = loss + term(batch_features, inputs)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(optimizer)
@@ -210,6 +242,8 @@ def train_locally(
             with torch.no_grad():
                 loss_sum += F.cross_entropy(logits.detach(), labels, reduction="sum").item()
             steps += 1
+    if capture is not None:
+        capture.remove()
     seen = recipe.local_epochs * len(data)
     kept = export_state(optimizer, named) if recipe.persist_optimizer_state else None
     return TrainStats(
