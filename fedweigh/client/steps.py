@@ -7,7 +7,8 @@ strategy or rule asked for them. A step may
 * before training, return a :class:`~fedweigh.client.training.SampleWeighting`
   that re-weights the client's samples in the loss (UFL, FLood's ASW), and
   signals measured on the received global model;
-* during training, add a term to every batch's loss (:class:`LossTerm`: MOON's
+* during training, add a term to every batch's loss (a
+  :class:`~fedweigh.client.training.LossTerm`: MOON's
   contrastive term, FedDecorr's decorrelation), computed from the batch's
   inputs and the model's features there (the input of its ``classifier_layer``),
   added unweighted after the (weighted) cross-entropy;
@@ -22,27 +23,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from fedweigh.client.training import SampleWeighting
+from fedweigh.client.training import LossTerm, SampleWeighting
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
 
 Metrics = dict[str, float]
-
-
-class LossTerm(Protocol):
-    """A term added to every batch's loss: ``term(features, inputs)``, a scalar with a gradient.
-
-    ``features`` are the batch's features under the model being trained (the
-    input of its classifier, ``[B, d]``), ``inputs`` the batch as the model
-    took it.
-    """
-
-    def __call__(self, features: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass

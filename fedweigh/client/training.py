@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -33,9 +33,6 @@ from fedweigh.data.tensors import ImageTensors
 from fedweigh.data.transforms import BatchTransform
 from fedweigh.models.finetuning import train_mode
 from fedweigh.protocol import TrainRecipe
-
-if TYPE_CHECKING:
-    from fedweigh.client.steps import LossTerm
 
 OptimizerState = dict[str, torch.Tensor]
 """An optimizer's state by ``"<parameter name>/<slot>"`` (``fc1.weight/momentum_buffer``), on the CPU."""
@@ -62,6 +59,17 @@ class SampleWeighting(Protocol):
     normalize: bool
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor) -> torch.Tensor: ...
+
+
+class LossTerm(Protocol):
+    """A term added to every batch's loss: ``term(features, inputs)``, a scalar with a gradient.
+
+    ``features`` are the batch's features under the model being trained (the
+    input of its classifier, ``[B, d]``, :func:`features_of`), ``inputs`` the
+    batch as the model took it.
+    """
+
+    def __call__(self, features: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)

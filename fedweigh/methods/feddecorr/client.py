@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from fedweigh.client.steps import ClientStep, LossTerm, StepContext
+from fedweigh.client.steps import ClientStep, StepContext
+from fedweigh.client.training import LossTerm
 from fedweigh.methods.feddecorr.protocol import FedDecorrSettings
 from fedweigh.protocol import table_from_config
 

@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord
 from torch import nn
 
-from fedweigh.client.steps import ClientStep, LossTerm, Metrics, StepContext
-from fedweigh.client.training import features_of
+from fedweigh.client.steps import ClientStep, Metrics, StepContext
+from fedweigh.client.training import LossTerm, features_of
 from fedweigh.methods.moon.protocol import MOONSettings
 from fedweigh.models.finetuning import exchanged_state
 from fedweigh.protocol import table_from_config
