@@ -51,7 +51,7 @@ def test_the_client_app_keeps_momentum_in_its_context_state(monkeypatch):
     """
     seen = []
 
-    def fake_train(model, data, recipe, transform, device, generator, weighting=None, optimizer_state=None):
+    def fake_train(model, data, recipe, transform, device, generator, weighting=None, optimizer_state=None, **rest):
         seen.append(optimizer_state)
         buffers = {name: torch.full_like(p, float(len(seen))) for name, p in model.named_parameters()}
         kept = buffers if recipe.persist_optimizer_state else None
