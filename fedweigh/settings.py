@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, create_model, field_validator, model_validator
 
-from fedweigh.methods.catalog import OPTION_TABLES
+from fedweigh.methods.catalog import OPTION_TABLES, DeclarationError, where
 from fedweigh.options import INT64_ACCEPTED, FaultSettings, OptionsTable, comma_list
 from fedweigh.protocol import dashed
 
@@ -359,6 +359,13 @@ def python_name(table: str) -> str:
     """A run-config table's name as a :class:`Settings` field (``fedma-simplified`` -> ``fedma_simplified``)."""
     return table.replace("-", "_")
 
+
+_clashes = [table for table in OPTION_TABLES if python_name(table) in RunSettings.model_fields]
+if _clashes:  # a method's table named like a run setting would replace it
+    raise DeclarationError(
+        f"option tables {_clashes} ({', '.join(where('option table', t) for t in _clashes)}) are named like run "
+        "settings; accepted: a name that is not a setting of RunSettings"
+    )
 
 Settings = create_model(  # type: ignore[call-overload]
     "Settings",

@@ -12,7 +12,7 @@ from hypothesis.extra import numpy as hnp
 
 from fedweigh.arrays import array_view, decode, encode, encode_array, to_tensors
 from fedweigh.client.training import seed_torch
-from fedweigh.strategies.aggregation import weighted_average
+from fedweigh.strategies.averaging import weighted_average
 
 DTYPES = st.sampled_from([np.float32, np.float64, np.float16, np.int64, np.int32, np.uint8, np.bool_])
 SHAPES = hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5)

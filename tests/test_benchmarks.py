@@ -17,7 +17,7 @@ from fedweigh.benchmarks.overhead import round_breakdown
 from fedweigh.benchmarks.ray_floor import ray_round_trip
 from fedweigh.benchmarks.scale import revisit_share
 from fedweigh.launch.runconfig import load_app_config
-from fedweigh.strategies.aggregation import all_finite
+from fedweigh.strategies.averaging import all_finite
 
 
 @given(hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=3, max_side=6), elements=st.floats(width=32)))

@@ -26,6 +26,7 @@ from fedweigh.methods.feddisco.server import DiscrepancyRule, disco_weights
 from fedweigh.methods.fednova.server import NormalizedAveraging, effective_steps, local_steps
 from fedweigh.methods.moon.client import PREVIOUS, Contrast, ContrastStep, moon_loss
 from fedweigh.methods.registry import METHODS, plan_run
+from fedweigh.preflight import combination_problems, parse_settings
 from fedweigh.protocol import TrainRecipe
 from fedweigh.rules.base import RoundSignals
 from fedweigh.settings import SettingsError, validate
@@ -112,6 +113,10 @@ def test_fednova_reads_the_recipe_of_the_run_and_of_the_library():
     adam = build_strategy(validate({"strategy": "fednova", "optimizer": "adam"}))
     assert adam.update.momentum == 0.0  # Adam has no momentum form: a_k = τ_k
     assert FedNova(local_epochs=3, batch_size=8).update.batch_size == 8
+    assert (FedNova().update.epochs, FedNova().update.momentum) == (3, 0.9)  # the run config's defaults
+    kept = parse_settings({"strategy": "fednova", "persist-optimizer-state": True})
+    assert "persist-optimizer-state = true" in " ".join(combination_problems(kept))
+    assert combination_problems(parse_settings({"strategy": "fednova"})) == []
     with pytest.raises(SettingsError, match="batch-size = 0"):
         FedNova(batch_size=0)
 
@@ -138,6 +143,8 @@ def test_feddisco_discrepancy_of_a_client_s_labels():
     assert label_discrepancy(torch.tensor([2, 2]), 4)["label-discrepancy"] == pytest.approx(np.sqrt(0.75))
     with pytest.raises(ValueError, match="num_classes = 2"):
         label_discrepancy(torch.tensor([0, 3]), 2)
+    with pytest.raises(ValueError, match="num_classes = 0"):
+        label_discrepancy(torch.tensor([], dtype=torch.int64), 0)
 
 
 def test_feddisco_s_client_step_reads_the_classes_off_the_model():

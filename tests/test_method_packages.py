@@ -139,3 +139,65 @@ def test_every_package_table_is_in_the_app_config():
     for table, model in OPTION_TABLES.items():
         defaults = {name.replace("_", "-"): field.default for name, field in model.model_fields.items()}
         assert config.get(table) == defaults, table
+
+
+BAD = {
+    "a table named like a run setting": (
+        {
+            "protocol.py": """
+                from fedweigh.options import OptionsTable
+
+
+                class Clash(OptionsTable):
+                    size: int = 1
+
+
+                OPTIONS = {"model": Clash}
+            """
+        },
+        "option tables ['model'] (fedweigh/methods/bad) are named like run settings",
+    ),
+    "a strategy named like another package's": (
+        {
+            "server.py": """
+                from fedweigh.methods.declaration import Declaration, Method
+                from fedweigh.methods.fedavg.server import SAMPLE_COUNT
+                from fedweigh.strategies.library import MethodStrategy
+
+
+                class UFL(MethodStrategy):
+                    method = Method("ufl-again", SAMPLE_COUNT)
+
+
+                DECLARATION = Declaration(methods=(UFL.method,), strategies=(UFL,))
+            """
+        },
+        "the public name 'UFL' is declared by both fedweigh/methods/bad/server.py and fedweigh/methods/ufl/server.py",
+    ),
+    "a signal no step produces": (
+        {
+            "protocol.py": """
+                from fedweigh.protocol import Signal, finite
+
+                SIGNALS = (Signal("lonely", "nostep", finite, "a signal of no step"),)
+            """
+        },
+        "signal 'lonely' (fedweigh/methods/bad) names the producer 'nostep', which is no client step producing it",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_packages_that_do_not_fit_are_refused_naming_the_package(tmp_path, case):
+    files, message = BAD[case]
+    package = tmp_path / "bad"
+    package.mkdir()
+    for name, source in files.items():
+        (package / name).write_text(textwrap.dedent(source).lstrip())
+    code = (
+        "import sys, fedweigh.methods\nfedweigh.methods.__path__.append(sys.argv[1])\n"
+        "import fedweigh.settings, fedweigh.methods.registry\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode != 0 and "DeclarationError" in done.stderr
+    assert message in done.stderr, done.stderr[-2000:]

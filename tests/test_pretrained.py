@@ -39,7 +39,7 @@ from fedweigh.preflight import check_run
 from fedweigh.protocol import FROZEN_DIGEST, TrainRecipe
 from fedweigh.results import read_metrics
 from fedweigh.settings import SettingsError, validate
-from fedweigh.strategies.aggregation import weighted_average
+from fedweigh.strategies.averaging import weighted_average
 
 VIT = {"dataset": "digits", "model": "vit-tiny"}
 

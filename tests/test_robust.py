@@ -11,7 +11,7 @@ from loopback import run_in_process
 
 from fedweigh.preflight import check_run
 from fedweigh.results import read_metrics
-from fedweigh.strategies.aggregation import weighted_average
+from fedweigh.strategies.averaging import weighted_average
 from fedweigh.strategies.robust import bound_update_norms, trimmed_weighted_mean, update_norms
 from fedweigh.strategies.updates import RoundUpdate, WeightedMean
 

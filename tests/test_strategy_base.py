@@ -10,7 +10,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from fedweigh.arrays import decode
 from fedweigh.rules.base import ComplementShareRule, SampleCountRule, UniformRule
-from fedweigh.strategies.aggregation import weighted_average
+from fedweigh.strategies.averaging import weighted_average
 from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.sampling import sample_partitions
 

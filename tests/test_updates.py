@@ -12,7 +12,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord
 from fedweigh.arrays import decode
 from fedweigh.preflight import parse_settings
 from fedweigh.rules.base import SampleCountRule
-from fedweigh.strategies.aggregation import weighted_average
+from fedweigh.strategies.averaging import weighted_average
 from fedweigh.strategies.base import WeightedFedAvg
 from fedweigh.strategies.build import build_strategy
 from fedweigh.strategies.schedules import LearningRateDecay

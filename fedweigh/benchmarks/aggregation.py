@@ -9,7 +9,7 @@ weights, at two levels, each side doing the same work:
   ``FedAvg.aggregate_train`` (reply checks, the average, the metrics), from
   reply Messages to the new ArrayRecord;
 * ``arrays``: :func:`~fedweigh.arrays.decode` +
-  :func:`~fedweigh.strategies.aggregation.weighted_average` +
+  :func:`~fedweigh.strategies.averaging.weighted_average` +
   :func:`~fedweigh.arrays.encode` against Flower's
   ``aggregate_arrayrecords``, both from ArrayRecords (serialised bytes) to an
   ArrayRecord: decoding included on both sides.
@@ -115,7 +115,7 @@ def run_case(k: int, side: str, level: str, repeat: int = 3, model: str = "resne
 
     from fedweigh.arrays import decode, encode
     from fedweigh.rules.base import SampleCountRule
-    from fedweigh.strategies.aggregation import weighted_average
+    from fedweigh.strategies.averaging import weighted_average
     from fedweigh.strategies.base import WeightedFedAvg
 
     replies, global_arrays = _replies(k, model)

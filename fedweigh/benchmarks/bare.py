@@ -2,7 +2,7 @@
 
 It uses the very pieces the apps use (settings, data partitions, models,
 :func:`~fedweigh.client.training.train_locally`, the seeded client sampling,
-the clients' seeds, :func:`~fedweigh.strategies.aggregation.weighted_average`
+the clients' seeds, :func:`~fedweigh.strategies.averaging.weighted_average`
 and central evaluation), so for FedAvg it computes bit for bit what the
 simulation computes: only the federation machinery is missing. Client steps
 are not run, so only strategies without them (FedAvg, FedProx, uniform)
@@ -55,7 +55,7 @@ def bare_federated_run(run_config: Mapping[str, Any], num_partitions: int) -> di
     from fedweigh.preflight import check_run
     from fedweigh.protocol import CLIENT_STEPS, TRAIN_LOSS, TrainRecipe
     from fedweigh.rules.base import RoundSignals
-    from fedweigh.strategies.aggregation import weighted_average
+    from fedweigh.strategies.averaging import weighted_average
     from fedweigh.strategies.build import build_strategy
     from fedweigh.strategies.sampling import sample_partitions, sample_size
 

@@ -17,7 +17,7 @@ Inside (fedweigh's own ClientApp, :mod:`fedweigh.client_app`):
 
 * :mod:`~fedweigh.client.training`: local training and evaluation (per-sample loss weights, SGD or Adam);
 * :mod:`~fedweigh.client.steps`: the step protocol; the steps are the methods' (``client.py``),
-  by name in :data:`fedweigh.methods.registry.STEP_CLASSES`.
+  by name in :data:`fedweigh.client.registry.STEP_CLASSES`.
 
 >>> from fedweigh.client import oui_signal
 >>> oui_signal.__module__
@@ -26,6 +26,8 @@ Inside (fedweigh's own ClientApp, :mod:`fedweigh.client_app`):
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from typing import Any
 
 from fedweigh.client.instruction import Instruction, train_reply
@@ -33,14 +35,31 @@ from fedweigh.client.mods import signal_mod
 from fedweigh.client.signals import weighted_loss
 
 
+@functools.cache
 def _offered() -> dict[str, Any]:
-    from fedweigh.methods.catalog import package_modules
+    """Every name a method's ``client.py`` lists in ``__all__``; one listed by two packages is refused."""
+    from fedweigh.methods.catalog import DeclarationError, package_modules
 
-    return {name: getattr(module, name) for _, module in package_modules("client") for name in module.__all__}
+    offered: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for package, module in package_modules("client"):
+        for name in getattr(module, "__all__", ()):
+            if name in offered:
+                raise DeclarationError(
+                    f"fedweigh.client.{name} is offered by both fedweigh/methods/{origin[name]}/client.py and "
+                    f"fedweigh/methods/{package}/client.py; accepted: one per name"
+                )
+            offered[name], origin[name] = getattr(module, name), package
+    return offered
 
 
 def __getattr__(name: str) -> Any:
-    """``fedweigh.client.oui_signal``: a method's client function, from its package."""
+    """``fedweigh.client.oui_signal``: a method's client function, from its package.
+
+    A name that is a submodule of this package, or a dunder, is left to Python's import.
+    """
+    if name.startswith("__") or importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     offered = _offered()
     if name not in offered:
         raise AttributeError(f"module 'fedweigh.client' has no attribute {name!r}; offered: {sorted(offered)}")

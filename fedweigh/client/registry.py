@@ -16,14 +16,23 @@ True
 from __future__ import annotations
 
 from fedweigh.client.steps import ClientStep
-from fedweigh.methods.catalog import STEPS, by_name, gather
+from fedweigh.methods.catalog import STEPS, DeclarationError, by_name, gather, where
 
-STEP_CLASSES: dict[str, type[ClientStep]] = gather("client", "STEP_CLASSES", by_name)
+STEP_CLASSES: dict[str, type[ClientStep]] = gather("client", "STEP_CLASSES", by_name, "client step class")
 """Every client step's class, by name."""
 
-_unbound = sorted(set(STEPS) ^ set(STEP_CLASSES))
-if _unbound:  # a protocol names a step that no client.py gives code for, or the reverse
-    raise ValueError(f"client steps without both a protocol.py entry and a class in a client.py: {_unbound}")
+_unbound = [
+    f"{name!r} ({where('client step', name)}/protocol.py has no class for it in a client.py)"
+    for name in STEPS
+    if name not in STEP_CLASSES
+] + [
+    f"{name!r} ({where('client step class', name)}/client.py: no protocol.py declares it; a class without its own "
+    "name attribute is called 'step')"
+    for name in STEP_CLASSES
+    if name not in STEPS
+]
+if _unbound:
+    raise DeclarationError(f"client steps without both a protocol.py entry and a class: {', '.join(_unbound)}")
 
 
 def build_steps(names: list[str]) -> list[ClientStep]:

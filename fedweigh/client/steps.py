@@ -15,7 +15,7 @@ strategy or rule asked for them. A step may
 * after training, return signals measured on the trained model (FedOUI's OUI).
 
 Each step's options arrive in the instruction under its run-config table
-(``oui.probe-size``; see :data:`fedweigh.protocol.STEPS`). Steps compose:
+(``oui.probe-size``; see :data:`fedweigh.methods.catalog.STEPS`). Steps compose:
 their sample weights multiply, their signals are merged.
 """
 

@@ -60,23 +60,45 @@ def package_modules(part: str) -> list[tuple[str, ModuleType]]:
     return found
 
 
-def gather(part: str, attribute: str, entries: Any, key: Any = None) -> dict[str, Any]:
-    """One table from every package's ``part.attribute``; a name declared twice raises ``ValueError``.
+ORIGINS: dict[tuple[str, str], str] = {}
+"""``(kind, name)`` to the package that declared it (``("option table", "fedoui")`` -> ``"fedoui"``)."""
+
+
+class DeclarationError(ValueError):
+    """Method packages that declare what cannot be gathered (a name twice, a step without its table, ...)."""
+
+
+def gather(part: str, attribute: str, entries: Any, kind: str) -> dict[str, Any]:
+    """One table from every package's ``part.attribute``; a ``kind`` of name declared twice is refused.
 
     ``entries(value)`` lists a declaration's ``(name, entry)`` pairs (a
-    mapping's items, or a sequence's entries keyed by their ``name``).
+    mapping's items, or a sequence's entries keyed by their ``name``); a
+    module without ``attribute`` declares none. :data:`ORIGINS` records
+    which package declared each name.
+
+    Raises
+    ------
+    DeclarationError
+        Naming the kind, the name and both packages.
     """
     table: dict[str, Any] = {}
-    origin: dict[str, str] = {}
     for package, module in package_modules(part):
-        for name, entry in entries(getattr(module, attribute, ())):
+        value = getattr(module, attribute, None)
+        if value is None:
+            continue
+        for name, entry in entries(value):
             if name in table:
-                raise ValueError(
-                    f"{attribute} {name!r} is declared by both fedweigh/methods/{origin[name]} and "
-                    f"fedweigh/methods/{package}; accepted: one declaration per name"
+                raise DeclarationError(
+                    f"the {kind} {name!r} is declared by both fedweigh/methods/{ORIGINS[kind, name]}/{part}.py and "
+                    f"fedweigh/methods/{package}/{part}.py; accepted: one declaration per name"
                 )
-            table[name], origin[name] = entry, package
+            table[name], ORIGINS[kind, name] = entry, package
     return table
+
+
+def where(kind: str, name: str) -> str:
+    """``fedweigh/methods/<package>``, the package that declared ``name`` (for messages)."""
+    return f"fedweigh/methods/{ORIGINS.get((kind, name), '?')}"
 
 
 def by_name(values: Iterable[Any]) -> list[tuple[str, Any]]:
@@ -89,14 +111,54 @@ def items(values: Any) -> list[tuple[str, Any]]:
     return list(dict(values).items())
 
 
-OPTION_TABLES: dict[str, type[OptionsTable]] = gather("protocol", "OPTIONS", items)
+OPTION_TABLES: dict[str, type[OptionsTable]] = gather("protocol", "OPTIONS", items, "option table")
 """Every method's options table, by its run-config name (``fedoui``, ``fedma-simplified``)."""
 
-SIGNALS: dict[str, Signal] = {TRAIN_LOSS_SIGNAL.name: TRAIN_LOSS_SIGNAL, **gather("protocol", "SIGNALS", by_name)}
+SIGNALS: dict[str, Signal] = {
+    TRAIN_LOSS_SIGNAL.name: TRAIN_LOSS_SIGNAL,
+    **gather("protocol", "SIGNALS", by_name, "signal"),
+}
 """Every client signal, by name (``train_loss`` is every reply's; the others are the methods')."""
 
-STEPS: dict[str, StepSpec] = gather("protocol", "STEPS", by_name)
-"""Every client step, by name; :data:`fedweigh.methods.registry.STEP_CLASSES` holds their code."""
+STEPS: dict[str, StepSpec] = gather("protocol", "STEPS", by_name, "client step")
+"""Every client step, by name; :data:`fedweigh.client.registry.STEP_CLASSES` holds their code."""
+
+
+def _consistency_problems() -> list[str]:
+    """What the protocols declare that does not fit together: each names the package to fix."""
+    problems = []
+    python_names: dict[str, str] = {}
+    for table in OPTION_TABLES:
+        other = python_names.setdefault(table.replace("-", "_"), table)
+        if other != table:
+            problems.append(f"option tables {other!r} and {table!r} ({where('option table', table)}) are one setting")
+    for signal in SIGNALS.values():
+        if signal.producer is not None and signal.name not in getattr(STEPS.get(signal.producer), "produces", ()):
+            problems.append(
+                f"signal {signal.name!r} ({where('signal', signal.name)}) names the producer {signal.producer!r}, "
+                "which is no client step producing it; accepted: a step of STEPS listing it in produces"
+            )
+    for step in STEPS.values():
+        unknown = [name for name in step.produces if name not in SIGNALS]
+        if unknown:
+            problems.append(
+                f"client step {step.name!r} ({where('client step', step.name)}) produces {unknown}, no signal"
+            )
+        if step.options is not None and step.options not in OPTION_TABLES:
+            problems.append(
+                f"client step {step.name!r} ({where('client step', step.name)}) reads the options table "
+                f"{step.options!r}, which no protocol.py declares"
+            )
+    return problems
+
+
+def refuse(problems: list[str]) -> None:
+    """Raise one :class:`DeclarationError` listing every problem (none: return)."""
+    if problems:
+        raise DeclarationError("method packages that do not fit together:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+refuse(_consistency_problems())
 
 
 def producers(signals: tuple[str, ...] | list[str]) -> list[str]:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fedweigh.methods.catalog import by_name, gather, items, producers
+from fedweigh.methods.catalog import OPTION_TABLES, STEPS, by_name, gather, items, producers, refuse, where
 from fedweigh.methods.costs import MethodCost
 from fedweigh.methods.declaration import Method, RuleSpec
 from fedweigh.options import comma_list
@@ -41,36 +41,64 @@ from fedweigh.strategies.schedules import Schedule
 from fedweigh.strategies.updates import ServerUpdate
 
 
-def _declared(field: str, entries: Callable[[Any], list[tuple[str, Any]]]) -> dict[str, Any]:
-    return gather("server", "DECLARATION", lambda declaration: entries(getattr(declaration, field)))
+def _declared(field: str, entries: Callable[[Any], list[tuple[str, Any]]], kind: str) -> dict[str, Any]:
+    return gather("server", "DECLARATION", lambda declaration: entries(getattr(declaration, field)), kind)
 
 
-METHODS: dict[str, Method] = _declared("methods", by_name)
+METHODS: dict[str, Method] = _declared("methods", by_name, "method")
 """Every method, by ``strategy`` name."""
 
-RULES: dict[str, RuleSpec] = _declared("rules", by_name)
+RULES: dict[str, RuleSpec] = _declared("rules", by_name, "aggregation rule")
 """Every aggregation rule, by ``aggregation`` name."""
 
-UPDATES: dict[str, type[ServerUpdate]] = _declared("updates", by_name)
+UPDATES: dict[str, type[ServerUpdate]] = _declared("updates", by_name, "server update")
 """Every server update, by the name its class gives."""
 
-STEP_SCHEDULES: dict[str, Callable[[Settings], Schedule]] = _declared("schedules", items)
+STEP_SCHEDULES: dict[str, Callable[[Settings], Schedule]] = _declared("schedules", items, "schedule")
 """The per-round values a client step needs from the server (FLood's λ(t) for ``asw``), by step name."""
 
-METHOD_COSTS: dict[str, MethodCost] = _declared("costs", items)
+METHOD_COSTS: dict[str, MethodCost] = _declared("costs", items, "FLOP model")
 """The FLOP model of the methods :func:`fedweigh.flops.round_flops` can count, by ``strategy`` name."""
 
 STRATEGY_CLASSES: dict[str, type[Any]] = _declared(
-    "strategies", lambda strategies: [(strategy.method.name, strategy) for strategy in strategies]
+    "strategies", lambda strategies: [(strategy.method.name, strategy) for strategy in strategies], "strategy class"
 )
 """The library's Flower strategies by ``strategy`` name; the run-config app builds every other method as a
 :class:`~fedweigh.strategies.library.MethodStrategy`."""
 
-PUBLIC: dict[str, Any] = {
-    **{strategy.__name__: strategy for strategy in STRATEGY_CLASSES.values()},
-    **_declared("public", items),
-}
+PUBLIC: dict[str, Any] = gather(
+    "server",
+    "DECLARATION",
+    lambda declaration: [(s.__name__, s) for s in declaration.strategies] + items(declaration.public),
+    "public name",
+)
 """What :mod:`fedweigh.strategies` offers a user's ServerApp from the packages, by name (``FedOUI``, ``DAC``)."""
+
+
+def _consistency_problems() -> list[str]:
+    problems = []
+    for rule in RULES.values():
+        if rule.table is not None and rule.table not in OPTION_TABLES:
+            problems.append(
+                f"aggregation rule {rule.name!r} ({where('aggregation rule', rule.name)}) reads the "
+                f"options table {rule.table!r}, which no protocol.py declares"
+            )
+    for method in METHODS.values():
+        unknown = [step for step in method.steps if step not in STEPS]
+        if unknown:
+            problems.append(
+                f"method {method.name!r} ({where('method', method.name)}) runs the client steps {unknown}, "
+                "which no protocol.py declares"
+            )
+        if RULES.get(method.rule.name) is not method.rule:
+            problems.append(
+                f"method {method.name!r} ({where('method', method.name)}) weighs with the rule "
+                f"{method.rule.name!r}, which no DECLARATION lists in its rules"
+            )
+    return problems
+
+
+refuse(_consistency_problems())
 
 
 def aggregation(name: str, **options: Any) -> WeightingRule:

@@ -7,7 +7,7 @@ and follow the clients if they are permuted.
 
 The math lives in small pure functions (``*_weights``) that the tests check
 against the specs' vectors; a rule class wraps one with the names of the
-signals it reads (:data:`fedweigh.protocol.SIGNALS` says which client step
+signals it reads (:data:`fedweigh.methods.catalog.SIGNALS` says which client step
 produces each and which values are valid) and what to record.
 
 Two shapes cover every rule of the five papers:

@@ -18,7 +18,7 @@ Inside:
 * :mod:`~fedweigh.strategies.library`: :class:`MethodStrategy`, a method as a library class;
 * :mod:`~fedweigh.strategies.build`: a run's strategy from its settings (through the library's classes);
 * :mod:`~fedweigh.strategies.replies`: checking replies;
-* :mod:`~fedweigh.strategies.aggregation`: encoding, decoding and averaging models;
+* :mod:`~fedweigh.strategies.averaging`: encoding, decoding and averaging models;
 * :mod:`~fedweigh.strategies.updates`: the server-update step (the weighted mean by default);
 * :mod:`~fedweigh.strategies.schedules`: train-config values that change per round;
 * :mod:`~fedweigh.strategies.sampling`: seeded client sampling by partition.
@@ -30,9 +30,10 @@ Inside:
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
-import fedweigh.strategies.aggregation as _averaging  # noqa: F401  (bound first: the function below takes its name)
+import fedweigh.strategies.averaging as _averaging  # noqa: F401  (bound first: the function below takes its name)
 
 
 def aggregation(name: str, **options: Any) -> Any:
@@ -44,7 +45,13 @@ def aggregation(name: str, **options: Any) -> Any:
 
 
 def __getattr__(name: str) -> Any:
-    """``fedweigh.strategies.FedOUI``: a method's strategy, ``DAC``, ``aggregation`` or ``MethodStrategy``."""
+    """``fedweigh.strategies.FedOUI``: a method's strategy, ``DAC`` or ``MethodStrategy``.
+
+    A name that is a submodule of this package, or a dunder, is left to Python's import (looked up here
+    it would import every method's server half first).
+    """
+    if name.startswith("__") or importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from fedweigh.methods import registry
     from fedweigh.strategies.library import MethodStrategy
 

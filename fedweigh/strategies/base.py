@@ -52,8 +52,8 @@ from fedweigh.methods.catalog import STEPS
 from fedweigh.protocol import ARRAYS, CLIENT_STEPS, CONFIG, FAULT, FROZEN_DIGEST, SERVER_ROUND, TRAIN_LOSS, ConfigValue
 from fedweigh.results import CLIENT_NUM_EXAMPLES
 from fedweigh.rules.base import RoundSignals, RuleOutcome, WeightingRule
-from fedweigh.strategies.aggregation import all_finite
 from fedweigh.strategies.asynchrony import Asynchrony
+from fedweigh.strategies.averaging import all_finite
 from fedweigh.strategies.deadline import Deadline
 from fedweigh.strategies.grid_wrapper import GridWrapper
 from fedweigh.strategies.replies import ClientReply, valid_replies

@@ -1,6 +1,6 @@
 """A run's strategy, built from its settings.
 
-:func:`build_strategy` turns a :class:`~fedweigh.methods.RunPlan` into a
+:func:`build_strategy` turns a :class:`~fedweigh.methods.registry.RunPlan` into a
 :class:`~fedweigh.strategies.base.WeightedFedAvg` through the library's
 classes (:mod:`fedweigh.strategies.library`: the method's class, or
 :class:`~fedweigh.strategies.library.MethodStrategy` for the others), which

@@ -4,7 +4,7 @@ A reply enters aggregation only if it carries exactly one ArrayRecord whose
 tensors match the global model (names, shapes, dtypes) and are finite, and one
 MetricRecord with ``num-examples`` >= 1, a valid ``train_loss`` and every
 signal the rule needs, each passing its check
-(:data:`fedweigh.protocol.SIGNALS`). A reply says which round's global model
+(:data:`fedweigh.methods.catalog.SIGNALS`). A reply says which round's global model
 it trained (``model-round``; a reply without it, such as a plain Flower
 client's, is taken as trained on this round's model); one from a later round,
 or older than the strategy accepts, is left out too, and so is a second reply
@@ -27,7 +27,7 @@ from flwr.common.constant import ErrorCode
 from fedweigh.arrays import decode
 from fedweigh.methods.catalog import SIGNALS
 from fedweigh.protocol import MODEL_ROUND, NUM_EXAMPLES, PARTITION_ID, TRAIN_LOSS, SignalCheck
-from fedweigh.strategies.aggregation import all_finite
+from fedweigh.strategies.averaging import all_finite
 
 logger = logging.getLogger("flwr.fedweigh")  # propagates to Flower's log handlers
 
@@ -98,7 +98,7 @@ def check_reply(
     Parameters
     ----------
     signals : iterable of str
-        The signals the rule needs (checks from :data:`fedweigh.protocol.SIGNALS`).
+        The signals the rule needs (checks from :data:`fedweigh.methods.catalog.SIGNALS`).
     server_round, oldest_round : int
         The current round, and the oldest round whose model a reply may have
         trained (default: the current round only).

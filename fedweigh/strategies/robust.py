@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fedweigh.strategies.aggregation import NamedArrays, weighted_average
+from fedweigh.strategies.averaging import NamedArrays, weighted_average
 
 
 def _floating(value: np.ndarray) -> bool:
@@ -114,7 +114,7 @@ def trimmed_weighted_mean(models: Sequence[NamedArrays], weights: np.ndarray, fr
 
     The kept values' weights are renormalised (uniform if they sum to 0);
     integer buffers (counters) take the plain weighted mean. With nothing to
-    trim this is :func:`~fedweigh.strategies.aggregation.weighted_average`.
+    trim this is :func:`~fedweigh.strategies.averaging.weighted_average`.
     """
     n = len(models)
     trim = math.floor(fraction * n)

@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from fedweigh.settings import Settings
-from fedweigh.strategies.aggregation import NamedArrays, weighted_average
+from fedweigh.strategies.averaging import NamedArrays, weighted_average
 from fedweigh.strategies.robust import trimmed_weighted_mean
 
 

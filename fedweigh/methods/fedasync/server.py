@@ -15,7 +15,7 @@ from fedweigh.methods.declaration import Declaration, Method
 from fedweigh.methods.fedasync.protocol import FedAsyncSettings
 from fedweigh.methods.fedavg.server import SAMPLE_COUNT
 from fedweigh.settings import Settings
-from fedweigh.strategies.aggregation import weighted_average
+from fedweigh.strategies.averaging import weighted_average
 from fedweigh.strategies.library import MethodStrategy
 from fedweigh.strategies.updates import RoundUpdate, ServerUpdate
 

@@ -27,7 +27,7 @@ from fedweigh.methods.declaration import Declaration, Method
 from fedweigh.methods.fedavg.server import SAMPLE_COUNT
 from fedweigh.methods.fedavgm.protocol import FedAvgMSettings
 from fedweigh.settings import Settings
-from fedweigh.strategies.aggregation import NamedArrays, weighted_average
+from fedweigh.strategies.averaging import NamedArrays, weighted_average
 from fedweigh.strategies.library import MethodStrategy
 from fedweigh.strategies.updates import RoundUpdate, ServerUpdate
 
@@ -55,7 +55,9 @@ class ServerMomentum(ServerUpdate):
 
     name = "fedavgm"
 
-    def __init__(self, momentum: float = 0.1, lr: float = 1.0) -> None:
+    def __init__(
+        self, momentum: float = FedAvgMSettings().server_momentum, lr: float = FedAvgMSettings().server_lr
+    ) -> None:
         self.momentum, self.lr = momentum, lr
         self.velocity: dict[str, np.ndarray] = {}
 

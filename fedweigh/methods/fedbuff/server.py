@@ -75,7 +75,7 @@ from fedweigh.methods.fedavg.server import SAMPLE_COUNT
 from fedweigh.methods.fedbuff.protocol import FedBuffSettings
 from fedweigh.methods.feddle.update import FallbackStep
 from fedweigh.settings import Settings
-from fedweigh.strategies.aggregation import NamedArrays
+from fedweigh.strategies.averaging import NamedArrays
 from fedweigh.strategies.library import MethodStrategy
 from fedweigh.strategies.updates import RoundUpdate, ServerUpdate
 

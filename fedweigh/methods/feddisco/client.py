@@ -24,8 +24,11 @@ from fedweigh.methods.feddisco.protocol import LABEL_DISCREPANCY
 
 def label_discrepancy(labels: torch.Tensor, num_classes: int) -> Signals:
     """FedDisco's signal for a client holding ``labels``: ``‖D_k − uniform‖₂`` over ``num_classes`` classes."""
-    if num_classes < 1 or (len(labels) and int(labels.max()) >= num_classes):
-        raise ValueError(f"num_classes = {num_classes}: accepted: more than the largest label ({int(labels.max())})")
+    largest = int(labels.max()) if len(labels) else -1
+    if num_classes < 1 or largest >= num_classes:
+        raise ValueError(
+            f"num_classes = {num_classes}: accepted: at least 1 and more than the largest label ({largest})"
+        )
     counts = torch.bincount(labels.to(torch.int64).cpu(), minlength=num_classes).to(torch.float64)
     share = counts / max(float(counts.sum()), 1.0)
     return {LABEL_DISCREPANCY: float(torch.linalg.vector_norm(share - 1.0 / num_classes))}

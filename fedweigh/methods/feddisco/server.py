@@ -39,7 +39,7 @@ class DiscrepancyRule(WeightingRule):
     name = "feddisco"
     signals = (LABEL_DISCREPANCY,)
 
-    def __init__(self, a: float = 0.5, b: float = 1.0) -> None:
+    def __init__(self, a: float = FedDiscoSettings().a, b: float = FedDiscoSettings().b) -> None:
         self.a, self.b = a, b
 
     def __call__(self, round_signals: RoundSignals) -> RuleOutcome:

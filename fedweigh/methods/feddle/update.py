@@ -78,7 +78,7 @@ from fedweigh.models import on_device
 from fedweigh.models.finetuning import exchanged_keys
 from fedweigh.results import SEARCH_SECONDS
 from fedweigh.settings import Settings
-from fedweigh.strategies.aggregation import NamedArrays, weighted_average
+from fedweigh.strategies.averaging import NamedArrays, weighted_average
 from fedweigh.strategies.updates import RoundUpdate, ServerUpdate
 
 logger = logging.getLogger("flwr.fedweigh")

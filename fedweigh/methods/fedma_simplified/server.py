@@ -54,7 +54,7 @@ from fedweigh.methods.costs import MethodCost, uniform_weighting
 from fedweigh.methods.declaration import Declaration, Method
 from fedweigh.methods.fedavg.server import UNIFORM
 from fedweigh.settings import Settings
-from fedweigh.strategies.aggregation import NamedArrays, weighted_average
+from fedweigh.strategies.averaging import NamedArrays, weighted_average
 from fedweigh.strategies.updates import RoundUpdate, ServerUpdate
 
 

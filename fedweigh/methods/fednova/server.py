@@ -38,7 +38,7 @@ from fedweigh.methods.costs import MethodCost, sample_count_weighting
 from fedweigh.methods.declaration import Declaration, Method
 from fedweigh.methods.fedavg.server import SAMPLE_COUNT
 from fedweigh.settings import Settings, validate
-from fedweigh.strategies.aggregation import NamedArrays, weighted_average
+from fedweigh.strategies.averaging import NamedArrays, weighted_average
 from fedweigh.strategies.library import MethodStrategy
 from fedweigh.strategies.updates import RoundUpdate, ServerUpdate
 
@@ -83,6 +83,17 @@ class NormalizedAveraging(ServerUpdate):
         self.epochs, self.batch_size, self.momentum = epochs, batch_size, momentum
 
     @classmethod
+    def model_problems(cls, settings: Settings, model: Any) -> list[str]:
+        """FedNova's ``a_k`` counts a momentum buffer that starts at zero each round."""
+        if settings.persist_optimizer_state and settings.optimizer == "sgd" and settings.momentum > 0:
+            return [
+                "strategy = 'fednova' with persist-optimizer-state = true: FedNova normalises by the steps of a "
+                "momentum that starts at zero every round, which a kept momentum buffer does not; accepted: "
+                "persist-optimizer-state = false, or momentum = 0"
+            ]
+        return []
+
+    @classmethod
     def build(cls, settings: Settings, server_data: object | None = None) -> NormalizedAveraging:
         momentum = settings.momentum if settings.optimizer == "sgd" else 0.0
         return cls(settings.local_epochs, settings.batch_size, momentum)
@@ -101,6 +112,8 @@ class NormalizedAveraging(ServerUpdate):
         return {name: stepped.get(name, mean[name]) for name in update.global_model}
 
 
+_RUN = Settings()
+
 FEDNOVA = Method(
     "fednova", SAMPLE_COUNT, update=NormalizedAveraging, meaning="FedNova: updates normalised by local steps"
 )
@@ -111,7 +124,8 @@ class FedNova(MethodStrategy):
 
     The steps are counted from each reply's ``num-examples`` with the instruction's ``local-epochs`` and
     ``batch-size`` (``E · ⌈n / B⌉``), and the recipe's SGD momentum; give ``local_epochs``, ``batch_size``,
-    ``momentum`` and ``optimizer`` as your clients train. No options of its own.
+    ``momentum`` and ``optimizer`` as your clients train (the defaults are the run config's: 3 epochs of 32,
+    SGD with momentum 0.9). No options of its own.
     """
 
     method = FEDNOVA
@@ -119,10 +133,10 @@ class FedNova(MethodStrategy):
     def __init__(
         self,
         *,
-        local_epochs: int = 1,
-        batch_size: int = 32,
-        momentum: float = 0.0,
-        optimizer: str = "sgd",
+        local_epochs: int = _RUN.local_epochs,
+        batch_size: int = _RUN.batch_size,
+        momentum: float = _RUN.momentum,
+        optimizer: str = _RUN.optimizer,
         **kwargs: Any,
     ) -> None:
         recipe = {"local-epochs": local_epochs, "batch-size": batch_size, "momentum": momentum, "optimizer": optimizer}
