@@ -243,12 +243,17 @@ class StepSpec:
         sent with every instruction that runs it.
     meaning : str
         One line for the docs.
+    keeps_node_state : bool
+        It keeps something on the node between the rounds the node trains
+        in (MOON's last local model): a server checkpoint does not hold it,
+        so a resumed run starts it afresh.
     """
 
     name: str
     produces: tuple[str, ...]
     options: str | None
     meaning: str
+    keeps_node_state: bool = False
 
 
 Table = TypeVar("Table", bound=BaseModel)

@@ -27,6 +27,8 @@ from fedweigh.components import batch_transform, configure_torch, new_model, res
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.flower import objects
 from fedweigh.flower.engine import prepare_if_simulating
+from fedweigh.methods.catalog import STEPS
+from fedweigh.methods.registry import plan_run
 from fedweigh.methods.ufl.client import model_uncertainty, u_tail
 from fedweigh.models import on_device
 from fedweigh.models.finetuning import exchanged_state, frozen_digest, load_exchanged_state
@@ -137,6 +139,17 @@ def final_u_tail(
     return {FINAL_U_P95: p95, FINAL_U_ABOVE_1: above_1}
 
 
+def client_held_state(settings: Settings) -> list[str]:
+    """What of a run the clients keep between their rounds, which no server checkpoint holds (for the resume)."""
+    held = ["persist-optimizer-state = true: the clients' optimizer state"] if settings.persist_optimizer_state else []
+    held += [
+        f"the client step {name!r} ({origin}): what it keeps on the node"
+        for name, origin in plan_run(settings).steps
+        if STEPS[name].keeps_node_state
+    ]
+    return held
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run the federated training the run config describes."""
@@ -151,11 +164,11 @@ def main(grid: Grid, context: Context) -> None:
         start_round = checkpoint.round
         initial = encode(checkpoint.arrays)
         logger.info("[fedweigh] resuming %s after round %d", run_dir, start_round)
-        if settings.persist_optimizer_state:
+        for what in client_held_state(settings):
             logger.warning(
-                "[fedweigh] persist-optimizer-state = true: the clients' optimizer state lives on the clients, not in "
-                "the checkpoint; the resumed run starts it afresh, so it will not end exactly where an uninterrupted "
-                "run would"
+                "[fedweigh] %s lives on the clients, not in the checkpoint; the resumed run starts it afresh, so it "
+                "will not end exactly where an uninterrupted run would",
+                what,
             )
     else:
         start_round = 0

@@ -30,6 +30,7 @@ A real simulation whose server process is SIGKILLed is in ``test_simulation.py``
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 import subprocess
@@ -42,6 +43,7 @@ import torch
 from conftest import QUICK_RUN, REPO, STRATEGY_OPTIONS
 from loopback import run_in_process
 
+from fedweigh.methods.catalog import STEPS
 from fedweigh.methods.registry import METHODS
 from fedweigh.results import (
     CHECKPOINT_FILE,
@@ -61,7 +63,9 @@ STRATEGIES = sorted(METHODS)
 ASYNC = {"delay-std": 1.5, "max-staleness": 3}
 # stale updates rebased, a rule with a window, the atlas, FedBuff's buffer, staleness-discounted mixing, fine-tuning
 ASYNC_STRATEGIES = ("fedavg", "fedoui", "feddle", "fedbuff", "fedasync", "fedft")
-CASES = [(name, False) for name in STRATEGIES] + [(name, True) for name in ASYNC_STRATEGIES]
+# MOON keeps each client's last model on its node, which no server checkpoint holds (test below)
+NODE_STATE = sorted(name for name in STRATEGIES if any(STEPS[step].keeps_node_state for step in METHODS[name].steps))
+CASES = [(name, False) for name in STRATEGIES if name not in NODE_STATE] + [(name, True) for name in ASYNC_STRATEGIES]
 STOP = 2  # the server dies after this round of QUICK_RUN's 3
 
 
@@ -152,6 +156,17 @@ def test_a_run_resumed_after_a_crash_ends_exactly_where_the_uninterrupted_one_do
     resume(folder, config, nodes)
     assert [row["round"] for row in read_metrics(folder)] == [1, 2, 3]
     assert_same_outcome(folder, straight)
+
+
+def test_a_run_whose_clients_keep_state_resumes_and_says_it_cannot_end_exactly_the_same(tmp_path, monkeypatch, caplog):
+    assert NODE_STATE == ["moon"]
+    config, nodes = case_config("moon", False), num_nodes(False)
+    folder = crashed_run(monkeypatch, tmp_path / "run", config, nodes)
+    with caplog.at_level(logging.WARNING, logger="flwr.fedweigh"):
+        resume(folder, config, nodes)
+    assert [row["round"] for row in read_metrics(folder)] == [1, 2, 3]
+    warnings = [record.getMessage() for record in caplog.records if "lives on the clients" in record.getMessage()]
+    assert len(warnings) == 1 and "the client step 'moon'" in warnings[0]
 
 
 def test_a_crash_before_the_last_checkpoint_was_written_repeats_that_round_and_ends_the_same(

@@ -23,5 +23,6 @@ STEPS = (
         "moon",
         "during training: μ times the contrastive loss pulling the features to the global model's, away from the "
         "client's previous model's",
+        keeps_node_state=True,
     ),
 )
