@@ -135,6 +135,13 @@ def add_benchmark_parser(subparsers: argparse._SubParsersAction) -> None:
         help="gpu-evidence: only these cases, comma-separated, in their usual order (default: all), e.g. the ones "
         "a first lease left skipped",
     )
+    parser.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=None,
+        help="gpu-evidence: where its experiment runs go (default: outputs/gpu-evidence, or "
+        "outputs/gpu-evidence-quick with --quick); the same folder again skips the runs already finished",
+    )
 
 
 def _overhead(quick: bool, sim: Any, _: Options, progress: Progress) -> dict[str, Any]:
@@ -311,12 +318,14 @@ def run_command(args: argparse.Namespace) -> int:
 
             require_gpu()
         if _NEEDS_SIMULATION & set(names):
+            from fedweigh.benchmarks.gpu_evidence import ray_installed
+
             port = choose_port(args.port, DEFAULT_PORT)
             sim = LocalSimulation(
                 APP_DIR,
                 port=port,
                 connection=f"fedweigh-bench-{port}",
-                shared_ray=args.ray != "per-run",
+                shared_ray=args.ray != "per-run" and ray_installed(),  # without Ray (a lent GPU): in-process
                 ray_nodes=2 if args.ray == "two-node" else 1,
             )
             sim.start()
@@ -332,6 +341,7 @@ def run_command(args: argparse.Namespace) -> int:
                 strategies=strategies,
                 progress=lambda partial, p=partial_path: write_json(p, partial),
                 budget=args.budget,
+                runs_dir=args.runs_dir,
                 cases=args.cases,
             )
             table = render_table(name, report)

@@ -26,6 +26,12 @@ far goes to ``progress`` (the command writes its JSON then), so a time limit
 keeps what was measured. Experiment runs keep their folders: the same
 command again on the same machine skips the runs already finished.
 
+Where Ray is not installed (a lent GPU machine: ``fedweigh.benchmarks.gpu_bundle``
+leaves it behind), every run is in-process and Ray's step of ``overhead`` is
+skipped with that reason; where the dataset folder is the bundle's slice, a
+file that trains on more of it than the slice holds is skipped, never run on
+a part of what it asks for.
+
 ``quick`` (the smoke mode) runs every case on the CPU at a tiny scale
 (scikit-learn's digits, an MLP or the tiny ViT, two rounds, one step a case)
 to check that the command works; its numbers are not measurements.
@@ -34,6 +40,7 @@ to check that the command works; its numbers are not measurements.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import io
 import os
 import time
@@ -44,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from fedweigh.benchmarks.common import APP_DIR, BenchmarkError, Setting
+from fedweigh.settings import IN_PROCESS_BACKEND
 
 __all__ = [
     "CASE_NAMES",
@@ -56,6 +64,7 @@ __all__ = [
     "load_arm",
     "order_cases",
     "ranked_cases",
+    "ray_installed",
     "require_gpu",
     "run_cases",
 ]
@@ -129,14 +138,26 @@ SMOKE_EXPERIMENT_SETTINGS = {**SMOKE_SETTINGS, "server-data-size": 60, "test-hol
 SMOKE_SUPERNODES = 4
 
 
+def ray_installed() -> bool:
+    """Whether Ray can be imported here (the lent GPU machines lack it: ``fedweigh.benchmarks.gpu_bundle``)."""
+    return importlib.util.find_spec("ray") is not None
+
+
+NO_RAY = (
+    "Ray is not installed here (the GPU bundle leaves it behind: its wheel is over what a device call carries); "
+    "the in-process steps run"
+)
+
+
 @dataclass(frozen=True)
 class Context:
-    """Where and at what scale the steps run."""
+    """Where and at what scale the steps run; without Ray every run is in-process."""
 
     sim: Any
     quick: bool
     runs_dir: Path
     cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
+    ray: bool = field(default_factory=ray_installed)
 
 
 @dataclass(frozen=True)
@@ -196,6 +217,12 @@ def _overhead_step(ctx: Context, setting: Setting, share: float) -> dict[str, An
     }
 
 
+def _ray_overhead_step(ctx: Context, setting: Setting) -> dict[str, Any]:
+    if not ctx.ray:
+        raise BenchmarkError(NO_RAY)
+    return _overhead_step(ctx, setting, 1.0)
+
+
 def _smoke_setting(name: str, **overrides: Any) -> Setting:
     return Setting(name, {"strategy": "fedavg", **SMOKE_SETTINGS, **overrides}, SMOKE_SUPERNODES)
 
@@ -253,11 +280,36 @@ def load_arm(ctx: Context, file: str, arm: str, rounds: int | None, share: float
 
     raw = tomllib.loads((APP_DIR / file).read_text(encoding="utf-8"))
     raw["experiment"] = {**raw["experiment"], **_federation(ctx, share)}
-    settings = {"dataset": _shared_dataset(raw["base"]["dataset"])}
+    settings: dict[str, Any] = {"dataset": _shared_dataset(raw["base"]["dataset"])}
+    if not ctx.ray:
+        settings["simulation-backend"] = IN_PROCESS_BACKEND
+    if not ctx.quick:
+        _check_slice(file, raw["base"], settings["dataset"])
     if ctx.quick:  # the MLP takes none of the file's model options (model-width, ...)
         raw["base"] = {key: value for key, value in raw["base"].items() if not key.startswith("model-")}
         settings, rounds = dict(SMOKE_EXPERIMENT_SETTINGS), None
     return load_experiment(raw, load_app_config(APP_DIR), seeds=[1], arms=[arm], rounds=rounds, settings=settings)
+
+
+def _check_slice(file: str, base: Mapping[str, Any], folder: str) -> None:
+    """Raise :class:`BenchmarkError` where ``folder`` is a draw of the dataset smaller than what ``file`` trains on.
+
+    The GPU bundle carries a slice of CIFAR-10 (``fedweigh.benchmarks.gpu_bundle.SLICE``); a file that asks for
+    more of it than the slice holds is skipped with this reason, never run on a part of what it asks for.
+    """
+    from fedweigh.benchmarks.gpu_bundle import is_slice
+
+    if (drawn := is_slice(folder)) is None:
+        return
+    asked = {split: int(base.get(f"{split}-subset", 0)) for split in ("train", "test")}
+    if all(0 < asked[split] <= drawn[split] for split in asked):
+        return
+    wanted = ", ".join(f"{split}-subset = {asked[split] or 'all'}" for split in asked)
+    raise BenchmarkError(
+        f"{file} asks for {wanted}, and {folder} holds a draw of {drawn['train']} / {drawn['test']} of its "
+        f"{drawn['of']['train']} / {drawn['of']['test']} images (the GPU bundle's slice: the whole dataset is "
+        "over what a device call carries beside the tree); give FEDWEIGH_DATASETS the whole dataset to run it"
+    )
 
 
 def _experiment_step(ctx: Context, file: str, arm: str, rounds: int | None, share: float, folder: str) -> dict:
@@ -294,7 +346,7 @@ def _overhead_case(ctx: Context) -> Case:
         steps = (Step("digits-in-process", SMOKE_STEP_SECONDS, lambda: _overhead_step(ctx, _smoke_setting("d"), 0)),)
     else:
         steps = (
-            Step("fedoui-cifar10", OVERHEAD_RAY_SECONDS, lambda: _overhead_step(ctx, fedoui_cifar10(60), 1.0)),
+            Step("fedoui-cifar10", OVERHEAD_RAY_SECONDS, lambda: _ray_overhead_step(ctx, fedoui_cifar10(60))),
             Step(
                 "fedoui-cifar10-in-process",
                 OVERHEAD_IN_PROCESS_SECONDS,
@@ -315,7 +367,8 @@ def _vit_case(ctx: Context) -> Case:
         setting = _smoke_setting("vit-tiny", model="vit-tiny")
         steps = (Step("vit-tiny-digits", SMOKE_STEP_SECONDS, lambda: _overhead_step(ctx, setting, 0)),)
     else:
-        steps = (Step("vit-b16-lora-cifar10", VIT_SECONDS, lambda: _overhead_step(ctx, _vit_setting(), 1.0)),)
+        setting = _vit_setting() if ctx.ray else _vit_setting().in_process()
+        steps = (Step(setting.name, VIT_SECONDS, lambda: _overhead_step(ctx, setting, 1.0)),)
     return Case(
         "vit-lora",
         "A federated round of ViT-B/16 + LoRA on CIFAR-10 (random weights: no hub reachable; times do not depend "

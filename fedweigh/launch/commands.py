@@ -22,6 +22,7 @@ from typing import Any
 from fedweigh.allocator import PROCESS_ENV
 from fedweigh.launch.flwr_cli import FLWR_CLI
 from fedweigh.launch.runconfig import build_run_config_arg
+from fedweigh.settings import IN_PROCESS_BACKEND
 
 DEFAULT_NUM_SUPERNODES = 10
 FINISHED = "finished"
@@ -70,6 +71,21 @@ def build_federation_config(
     }
     cfg.update(extra or {})
     return build_run_config_arg(cfg)
+
+
+def engine_backend(run_config: Mapping[str, Any]) -> dict[str, str]:
+    """The federation config's ``backend`` for a run config (its defaults included): ``{}`` for Ray's.
+
+    A run with ``simulation-backend = "in-process"`` names that backend to
+    Flower's simulation as well, so that Flower neither asks for Ray nor
+    checks that it is installed (Flower 1.41 checks only for ``"ray"`` and
+    builds its Ray backend whatever the name; fedweigh's engine hand-off then
+    builds the in-process one, ``fedweigh/flower/engine.py``). A machine
+    without Ray, such as the lent GPU machines, runs in-process so.
+    """
+    if run_config.get("simulation-backend") == IN_PROCESS_BACKEND:
+        return {"backend": IN_PROCESS_BACKEND}
+    return {}
 
 
 def superlink_command(port: int, database: str | os.PathLike[str] | None = None, host: str = "127.0.0.1") -> list[str]:

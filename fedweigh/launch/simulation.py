@@ -40,6 +40,7 @@ from fedweigh.launch.commands import (
     COMPLETED,
     DEFAULT_NUM_SUPERNODES,
     build_federation_config,
+    engine_backend,
     flwr_run_command,
     parse_run_id,
 )
@@ -158,9 +159,13 @@ class LocalSimulation(LocalSuperLink):
         """
         app = Path(app_dir).expanduser().resolve() if app_dir else self.app_dir
         base = Path(cwd).resolve() if cwd else Path.cwd()
-        cfg = prepare_run_config(dict(run_config or {}), load_app_config(app), base)
+        defaults = load_app_config(app)
+        cfg = prepare_run_config(dict(run_config or {}), defaults, base)
         results_dir = results_dir_for(cfg)
-        fed = build_federation_config(num_supernodes, cpus_per_client, gpus_per_client, federation_config)
+        backend = engine_backend({**defaults, **cfg})
+        fed = build_federation_config(
+            num_supernodes, cpus_per_client, gpus_per_client, {**backend, **(federation_config or {})}
+        )
         cmd = flwr_run_command(app, self.connection, fed, cfg, stream=stream)
         self._say("$ " + shlex.join(cmd))
 
