@@ -254,11 +254,14 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for rule in RULES.values():
         print(f"  {rule.name:<14} {rule.meaning}" + (f" [{rule.table}.*]" if rule.table else ""))
     print("\nclient-steps = ...        (added by strategies and rules; the signals it reports; options)")
+    width = max(len(step.name) for step in STEPS.values())
     for step in STEPS.values():
-        print(f"  {step.name:<14} {step.meaning} [{', '.join(step.produces) or 'no signal'}; {step.options}.*]")
+        options = f"{step.options}.*" if step.options else "no options"
+        print(f"  {step.name:<{width}} {step.meaning} [{', '.join(step.produces) or 'no signal'}; {options}]")
     print("\nsignals")
+    width = max(len(name) for name in SIGNALS)
     for spec in SIGNALS.values():
-        print(f"  {spec.name:<17}{spec.meaning} [from: {spec.producer or 'every reply'}]")
+        print(f"  {spec.name:<{width}} {spec.meaning} [from: {spec.producer or 'every reply'}]")
     print("\nmodel = ...               (its options, as model-<option>)")
     for name in model_names():
         print(f"  {name:<18} {', '.join(option.replace('_', '-') for option in model_options(name)) or '-'}")

@@ -293,6 +293,7 @@ def train(message: Message, context: Context) -> Message:
         server_round=server_round,
         config=config,
         node_state=context.state,
+        records=message.content,
     )
     steps = build_steps(list(config.get(CLIENT_STEPS, [])))
     weightings, signals = [], {}
@@ -313,6 +314,7 @@ def train(message: Message, context: Context) -> Message:
         combine(weightings),
         optimizer_state=to_tensors(kept, writable=True) if isinstance(kept, ArrayRecord) else None,
         loss_terms=[term for step in steps if (term := step.loss_term(step_context)) is not None],
+        after_step=[hook for step in steps if (hook := step.after_each_step(step_context)) is not None],
     )
     if stats.optimizer_state is not None:
         context.state[OPTIMIZER_STATE] = encode(stats.optimizer_state)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, RecordDict
+from rounds import round_of
 from torch import nn
 
 from fedweigh.client.steps import StepContext
@@ -32,22 +33,8 @@ from fedweigh.rules.base import RoundSignals
 from fedweigh.settings import SettingsError, validate
 from fedweigh.strategies import MOON, FedAvgM, FedDecorr, FedDisco, FedNova
 from fedweigh.strategies.build import build_strategy
-from fedweigh.strategies.updates import RoundUpdate
 
 pytestmark = pytest.mark.unit
-
-
-def round_of(server_round, global_model, models, weights, num_examples=None, model_rounds=None, start_models=None):
-    count = len(models)
-    return RoundUpdate(
-        server_round=server_round,
-        global_model=global_model,
-        models=models,
-        model_rounds=model_rounds or [server_round] * count,
-        weights=np.asarray(weights, dtype=np.float64),
-        num_examples=np.asarray(num_examples or [10] * count, dtype=np.float64),
-        start_models=start_models or {},
-    )
 
 
 def w(*values):

@@ -61,8 +61,9 @@ pytestmark = pytest.mark.xdist_group("in-process-runs")  # with test_determinism
 
 STRATEGIES = sorted(METHODS)
 ASYNC = {"delay-std": 1.5, "max-staleness": 3}
-# stale updates rebased, a rule with a window, the atlas, FedBuff's buffer, staleness-discounted mixing, fine-tuning
-ASYNC_STRATEGIES = ("fedavg", "fedoui", "feddle", "fedbuff", "fedasync", "fedft")
+# stale updates rebased, a rule with a window, the atlas, FedBuff's buffer, staleness-discounted mixing, fine-tuning,
+# SCAFFOLD's corrections sent to clients whose replies are late
+ASYNC_STRATEGIES = ("fedavg", "fedoui", "feddle", "fedbuff", "fedasync", "fedft", "scaffold")
 # MOON keeps each client's last model on its node, which no server checkpoint holds (test below)
 NODE_STATE = sorted(name for name in STRATEGIES if any(STEPS[step].keeps_node_state for step in METHODS[name].steps))
 CASES = [(name, False) for name in STRATEGIES if name not in NODE_STATE] + [(name, True) for name in ASYNC_STRATEGIES]

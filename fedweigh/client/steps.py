@@ -12,6 +12,8 @@ strategy or rule asked for them. A step may
   contrastive term, FedDecorr's decorrelation), computed from the batch's
   inputs and the model's features there (the input of its ``classifier_layer``),
   added unweighted after the (weighted) cross-entropy;
+* after each optimizer step, change the parameters (SCAFFOLD's control-variate
+  correction: a callable built before training);
 * after training, return signals measured on the trained model (FedOUI's OUI).
 
 Each step's options arrive in the instruction under its run-config table
@@ -21,7 +23,7 @@ their sample weights multiply, their signals are merged.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -63,6 +65,9 @@ class StepContext:
     node_state: Any = None
     """What this node keeps between the rounds it trains in (Flower's ``Context.state``, a ``RecordDict``);
     None where nothing is kept."""
+    records: Mapping[str, Any] = field(default_factory=dict)
+    """The train instruction's records by key (its ``RecordDict``: the model, the config and what a server update
+    sends each client, SCAFFOLD's correction)."""
 
 
 class ClientStep:
@@ -84,6 +89,10 @@ class ClientStep:
 
     def loss_term(self, context: StepContext) -> LossTerm | None:
         """A term for every batch's loss, built before training (None: none)."""
+        return None
+
+    def after_each_step(self, context: StepContext) -> Callable[[], None] | None:
+        """A callable run after every optimizer step, built before training (None: none)."""
         return None
 
     def after_training(self, context: StepContext) -> Metrics:

@@ -20,7 +20,7 @@ taken before its step: exactly the quantity FedNolowe weighs.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -196,6 +196,7 @@ def train_locally(
     sample_weighting: SampleWeighting | None = None,
     optimizer_state: OptimizerState | None = None,
     loss_terms: Sequence[LossTerm] = (),
+    after_step: Sequence[Callable[[], None]] = (),
 ) -> TrainStats:
     """Run ``recipe.local_epochs`` epochs on ``data`` in place on ``model``.
 
@@ -205,7 +206,8 @@ def train_locally(
     shape no longer match are ignored. The returned stats carry this call's
     final state when ``recipe.persist_optimizer_state`` is set. ``loss_terms``
     are added to every batch's loss, unweighted, given the batch's features
-    (:func:`features_of`) and inputs.
+    (:func:`features_of`) and inputs. ``after_step`` are called, in order, after
+    every optimizer step (SCAFFOLD's correction of the parameters).
     """
     if len(data) == 0:
         raise ValueError(
@@ -247,6 +249,8 @@ def train_locally(
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
+            for hook in after_step:
+                hook()
             with torch.no_grad():
                 loss_sum += F.cross_entropy(logits.detach(), labels, reduction="sum").item()
             steps += 1

@@ -60,7 +60,7 @@ from fedweigh.strategies.replies import ClientReply, valid_replies
 from fedweigh.strategies.robust import bound_update_norms
 from fedweigh.strategies.sampling import NodeDirectory, sample_nodes, sample_size
 from fedweigh.strategies.schedules import Schedule, Schedules
-from fedweigh.strategies.updates import RoundUpdate, ServerUpdate, WeightedMean, as_current
+from fedweigh.strategies.updates import RoundUpdate, ServerUpdate, WeightedMean, as_current, client_key
 
 logger = logging.getLogger("flwr.fedweigh")
 
@@ -283,15 +283,24 @@ class WeightedFedAvg(FedAvg):
         """
         values = self.round_values(model_round)
         entries = {**dict(config), **self.recipe, **values, **self._model_check(), SERVER_ROUND: model_round}
-        groups: dict[str, list[int]] = {}
+        per_client = self.update.sends_per_client  # then one message each, with the update's arrays for it
+        groups: dict[tuple[str, int | None], list[int]] = {}
         for node in nodes:
-            groups.setdefault((faults or {}).get(node, ""), []).append(node)
+            groups.setdefault(((faults or {}).get(node, ""), node if per_client else None), []).append(node)
+        model = decode(arrays) if per_client else {}
         messages: list[Message] = []
-        for fault, members in groups.items():
+        for (fault, node), members in groups.items():
             train_config = ConfigRecord({**entries, FAULT: fault} if fault else entries)
-            content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: train_config})
-            messages += self._construct_messages(content, members, MessageType.TRAIN)
+            records = {self.arrayrecord_key: arrays, self.configrecord_key: train_config}
+            if node is not None:
+                own = self.update.instruction_arrays(self._client_key(node), model)
+                records.update({key: encode(value) for key, value in own.items()})
+            messages += self._construct_messages(RecordDict(records), members, MessageType.TRAIN)
         return messages
+
+    def _client_key(self, node: int) -> str:
+        """The name of ``node``'s client in what an update keeps per client (:func:`client_key`)."""
+        return client_key(self.directory.partition_of.get(node, -1), node)
 
     def _model_check(self) -> dict[str, ConfigValue]:
         """The config entry that lets a client check its frozen model part against the server's (none without)."""
@@ -400,6 +409,9 @@ class WeightedFedAvg(FedAvg):
             self.server_data,
             partitions=[reply.partition_id for reply in accepted],
             clients_per_round=len(record.sampled),
+            clients=[self._client_key(reply.node_id) for reply in accepted],
+            num_clients=max(len(self.directory.connected), self.directory.num_partitions or 0),
+            reports=[reply.signals for reply in accepted],
         )
         averaged = self.update(step)
         self._account_memory(current, record)

@@ -81,6 +81,12 @@ class RoundUpdate:
         Each reply's partition (client), for the record.
     clients_per_round : int
         How many clients the round sampled.
+    clients : sequence of str
+        Each reply's client as :func:`client_key` names it (what an update keeps per client is keyed so).
+    num_clients : int
+        How many clients the federation has (the nodes connected, or the partitions they announce).
+    reports : sequence of mappings
+        Each reply's signals, every one it carried (not only the rule's).
     diagnostics : dict
         Filled by the update with what it did; goes into the round's record.
     """
@@ -96,6 +102,9 @@ class RoundUpdate:
     server_data: object | None = None
     partitions: Sequence[int] = ()
     clients_per_round: int = 0
+    clients: Sequence[str] = ()
+    num_clients: int = 0
+    reports: Sequence[Mapping[str, float]] = ()
     diagnostics: dict[str, Any] = field(default_factory=dict)
 
     def start_model(self, index: int) -> NamedArrays:
@@ -126,6 +135,15 @@ def as_current(
     ]
 
 
+def client_key(partition_id: int, node_id: int) -> str:
+    """What names a client across rounds and restarts: ``p<partition>``, or ``n<node id>`` for a site without one.
+
+    >>> client_key(3, 81723), client_key(-1, 81723)
+    ('p3', 'n81723')
+    """
+    return f"p{partition_id}" if partition_id >= 0 else f"n{node_id}"
+
+
 def rebase(model: NamedArrays, start: NamedArrays, current: NamedArrays) -> dict[str, np.ndarray]:
     """``current + (model - start)``: a client's update applied to a newer global model, tensor by tensor.
 
@@ -151,6 +169,8 @@ class ServerUpdate:
     """The kinds of server data it needs (``"id"``, ``"ood"``); empty: none."""
     needs_clients: ClassVar[bool] = True
     """False for an update that trains on the server's data alone (no client is sent anything)."""
+    sends_per_client: ClassVar[bool] = False
+    """True for an update that sends each client arrays of its own with the instruction (:meth:`instruction_arrays`)."""
 
     @classmethod
     def build(cls, settings: Settings, server_data: object | None = None) -> ServerUpdate:
@@ -164,6 +184,13 @@ class ServerUpdate:
 
     def __call__(self, update: RoundUpdate) -> dict[str, np.ndarray]:
         raise NotImplementedError
+
+    def instruction_arrays(self, client: str, model: NamedArrays) -> Mapping[str, NamedArrays]:
+        """Records of arrays to send ``client`` (:func:`client_key`) with the model ``model``, by record key.
+
+        Called for each train instruction when :attr:`sends_per_client` is set (SCAFFOLD's correction ``c − c_i``).
+        """
+        return {}
 
     def state(self) -> dict[str, Any]:
         """Everything needed to continue after a restart."""

@@ -1,0 +1,1 @@
+"""SCAFFOLD: local steps corrected by control variates (Karimireddy et al., arXiv 1910.06378)."""
