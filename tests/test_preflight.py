@@ -105,7 +105,7 @@ UNWEIGHTED = sorted(set(METHODS) - set(WEIGHTED))
 
 
 def test_the_asynchronous_and_server_side_methods_ignore_rule_weights():
-    assert UNWEIGHTED == ["center", "fedasync", "fedbuff", "feddle", "fedma-simplified"]
+    assert UNWEIGHTED == ["center", "fedasync", "fedbuff", "feddle", "fedma-simplified", "fedmr"]
     assert sorted(SERVER_DATA) == ["center", "feddle", "fedft"]
 
 

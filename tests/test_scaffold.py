@@ -58,8 +58,8 @@ def test_option_ii_and_the_control_step_by_hand():
 def test_two_rounds_of_the_server_by_hand():
     server = ControlVariates()
     # round 1: everything zero, so both clients are sent c − c_i = 0
-    assert server.instruction_arrays("p0", w(1.0))[CORRECTION]["w"].tolist() == [0.0]
-    assert server.instruction_arrays("p1", w(1.0))[CORRECTION]["w"].tolist() == [0.0]
+    assert server.instruction_arrays("p0", w(1.0), 1)[CORRECTION]["w"].tolist() == [0.0]
+    assert server.instruction_arrays("p1", w(1.0), 1)[CORRECTION]["w"].tolist() == [0.0]
     first = round_of(1, w(1.0), [w(0.0), w(0.5)], ["p0", "p1"], [0.5, 0.25], num_clients=4)
     assert server(first)["w"].tolist() == [0.25]  # the weighted mean
     # c_0 = (1 − 0)/0.5 = 2, c_1 = (1 − 0.5)/0.25 = 2; c = 0 + (2 + 2)/4 = 1
@@ -67,8 +67,8 @@ def test_two_rounds_of_the_server_by_hand():
     assert server.control["w"].tolist() == [1.0] and server.sent == {}
     assert first.diagnostics["control-norm"] == 1.0
     # round 2: p0 is sent c − c_0 = −1, p2 (new) c − 0 = 1
-    assert server.instruction_arrays("p0", w(0.25))[CORRECTION]["w"].tolist() == [-1.0]
-    assert server.instruction_arrays("p2", w(0.25))[CORRECTION]["w"].tolist() == [1.0]
+    assert server.instruction_arrays("p0", w(0.25), 2)[CORRECTION]["w"].tolist() == [-1.0]
+    assert server.instruction_arrays("p2", w(0.25), 2)[CORRECTION]["w"].tolist() == [1.0]
     second = round_of(2, w(0.25), [w(0.0), w(0.25)], ["p0", "p2"], [0.25, 0.5], num_clients=4)
     server(second)
     # c_0⁺ = 0.25/0.25 − (−1) = 2 (Δ 0); c_2⁺ = 0/0.5 − 1 = −1 (Δ −1); c = 1 + (0 − 1)/4
@@ -79,7 +79,7 @@ def test_two_rounds_of_the_server_by_hand():
 def test_a_late_reply_uses_the_model_and_the_correction_it_was_sent():
     server = ControlVariates()
     server.control, server.variates["p0"] = w(1.0), w(3.0)
-    assert server.instruction_arrays("p0", w(2.0))[CORRECTION]["w"].tolist() == [-2.0]
+    assert server.instruction_arrays("p0", w(2.0), 2)[CORRECTION]["w"].tolist() == [-2.0]
     server.control = w(5.0)  # c moved on while the reply was on its way
     late = round_of(3, w(4.0), [w(1.0)], ["p0"], [0.5], num_clients=2, model_rounds=[2], start_models={2: w(2.0)})
     assert server(late)["w"].tolist() == [3.0]  # rebased: 4 + (1 − 2)
@@ -89,7 +89,7 @@ def test_a_late_reply_uses_the_model_and_the_correction_it_was_sent():
 
 def test_the_server_learning_rate_scales_the_model_step_only():
     server = ControlVariates(server_lr=0.5)
-    server.instruction_arrays("p0", w(1.0))
+    server.instruction_arrays("p0", w(1.0), 1)
     update = round_of(1, w(1.0), [w(0.0)], ["p0"], [1.0], num_clients=1)
     assert server(update)["w"].tolist() == [0.5] and server.control["w"].tolist() == [1.0]
 
@@ -103,9 +103,9 @@ def test_a_reply_whose_instruction_is_unknown_changes_no_variate():
 
 def test_the_state_crosses_a_restart():
     server = ControlVariates()
-    server.instruction_arrays("p0", w(1.0))
+    server.instruction_arrays("p0", w(1.0), 1)
     server(round_of(1, w(1.0), [w(0.0)], ["p0"], [0.5], num_clients=2))
-    server.instruction_arrays("p1", w(0.0))  # on its way at the checkpoint
+    server.instruction_arrays("p1", w(0.0), 2)  # on its way at the checkpoint
     restored = ControlVariates()
     restored.load_state(server.state())
     assert restored.control["w"].tolist() == [1.0] and restored.variates["p0"]["w"].tolist() == [2.0]

@@ -293,7 +293,7 @@ class WeightedFedAvg(FedAvg):
             train_config = ConfigRecord({**entries, FAULT: fault} if fault else entries)
             records = {self.arrayrecord_key: arrays, self.configrecord_key: train_config}
             if node is not None:
-                own = self.update.instruction_arrays(self._client_key(node), model)
+                own = self.update.instruction_arrays(self._client_key(node), model, model_round)
                 records.update({key: encode(value) for key, value in own.items()})
             messages += self._construct_messages(RecordDict(records), members, MessageType.TRAIN)
         return messages

@@ -185,8 +185,8 @@ class ServerUpdate:
     def __call__(self, update: RoundUpdate) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
-    def instruction_arrays(self, client: str, model: NamedArrays) -> Mapping[str, NamedArrays]:
-        """Records of arrays to send ``client`` (:func:`client_key`) with the model ``model``, by record key.
+    def instruction_arrays(self, client: str, model: NamedArrays, model_round: int) -> Mapping[str, NamedArrays]:
+        """Records of arrays to send ``client`` (:func:`client_key`) with ``model_round``'s model ``model``, by key.
 
         Called for each train instruction when :attr:`sends_per_client` is set (SCAFFOLD's correction ``c − c_i``).
         """

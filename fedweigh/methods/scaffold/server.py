@@ -103,7 +103,7 @@ class ControlVariates(ServerUpdate):
             ]
         return []
 
-    def instruction_arrays(self, client: str, model: NamedArrays) -> dict[str, NamedArrays]:
+    def instruction_arrays(self, client: str, model: NamedArrays, model_round: int) -> dict[str, NamedArrays]:
         own = self.variates.get(client, {})
         correction = {}
         for name in _floating(model):
