@@ -107,7 +107,8 @@ def combination_problems(settings: Settings) -> list[str]:
         problems.append(
             f"trimmed-mean = {settings.trimmed_mean!r} replaces the weighted mean, but strategy = "
             f"{settings.strategy!r} updates the model with '{update.name}'; accepted: trimmed-mean = 0 with this "
-            "strategy (update-norm-bound works with every strategy), or a strategy whose server update is the mean"
+            "strategy (update-norm-bound works with every strategy but fedmr), or a strategy whose server update is "
+            "the mean"
         )
     problems += _adam_problems(settings, update.name)
     if settings.delay_std > 0 and settings.max_staleness == 0:

@@ -103,7 +103,43 @@ def test_fedmr_needs_a_synchronous_run_and_its_own_weights():
     assert any("strategy = 'fedmr' with delay-std = 2.0" in problem for problem in late)
     weighted = combination_problems(parse_settings({"strategy": "fedmr", "aggregation": "dac"}))
     assert any("fedmr" in problem and "aggregation" in problem for problem in weighted)
+    bounded = combination_problems(parse_settings({"strategy": "fedmr", "update-norm-bound": 1.5}))
+    assert any("strategy = 'fedmr' with update-norm-bound = 1.5" in problem for problem in bounded)
     assert combination_problems(parse_settings({"strategy": "fedmr"})) == []
     assert FedMR().update.first_stage_rounds == 0 and FedMR(first_stage_rounds=5).update.first_stage_rounds == 5
     with pytest.raises(SettingsError, match="fedmr.first-stage-rounds = -1"):
         FedMR(first_stage_rounds=-1)
+
+
+def test_three_local_models_recombined_round_after_round_by_the_seeded_permutations():
+    server = Recombination(seed=14)
+    trained = [model(1.0, 10.0), model(2.0, 20.0), model(3.0, 30.0)]
+    for client in ("p0", "p1", "p2"):
+        server.instruction_arrays(client, model(0.0, 0.0), 1)
+    server(rounds.round_of(1, model(0.0, 0.0), trained, clients=["p0", "p1", "p2"]))
+    rng = np.random.default_rng([14, 1])
+    order_w, order_b = rng.permutation(3), rng.permutation(3)
+    assert [float(m["w"][0]) for m in server.local_models] == [1.0 + i for i in order_w]
+    assert [float(m["b"][0]) for m in server.local_models] == [10.0 * (1 + i) for i in order_b]
+    assert [1.0 + i for i in order_w] != [1.0, 2.0, 3.0]  # this seed moves models: the check can fail
+    first = [dict(m) for m in server.local_models]
+    for client in ("p5", "p6", "p7"):  # round 2: trained as sent, then recombined by round 2's permutations
+        server.instruction_arrays(client, model(0.0, 0.0), 2)
+    server(rounds.round_of(2, model(0.0, 0.0), first, clients=["p5", "p6", "p7"]))
+    rng = np.random.default_rng([14, 2])
+    again_w, again_b = rng.permutation(3), rng.permutation(3)
+    assert [float(m["w"][0]) for m in server.local_models] == [float(first[i]["w"][0]) for i in again_w]
+    assert [float(m["b"][0]) for m in server.local_models] == [float(first[i]["b"][0]) for i in again_b]
+
+
+def test_a_round_whose_mean_is_not_finite_keeps_the_local_models():
+    server = Recombination()
+    for client in ("p0", "p1"):
+        server.instruction_arrays(client, model(0.0, 0.0), 1)
+    kept = [dict(m) for m in server.local_models]
+    update = rounds.round_of(1, model(0.0, 0.0), [model(np.inf, 1.0), model(1.0, 1.0)], clients=["p0", "p1"])
+    assert not np.isfinite(server(update)["w"]).all()
+    assert all(np.array_equal(a["w"], b["w"]) for a, b in zip(server.local_models, kept, strict=True))
+    unknown = rounds.round_of(2, model(0.0, 0.0), [model(1.0, 1.0)], clients=["p9"])
+    server(unknown)
+    assert unknown.diagnostics["fedmr-unmatched"] == 1

@@ -24,7 +24,7 @@ from fedweigh.client.training import train_locally
 from fedweigh.components import batch_transform, new_model
 from fedweigh.data.tensors import ImageTensors
 from fedweigh.methods.registry import METHODS
-from fedweigh.methods.scaffold.client import ControlCorrection, CorrectionStep
+from fedweigh.methods.scaffold.client import ControlCorrection, CorrectionStep, corrected_parameters
 from fedweigh.methods.scaffold.protocol import CORRECTION, STEP_SIZE
 from fedweigh.methods.scaffold.server import ControlVariates, client_variate, control_step
 from fedweigh.preflight import combination_problems, parse_settings
@@ -74,6 +74,8 @@ def test_two_rounds_of_the_server_by_hand():
     # c_0⁺ = 0.25/0.25 − (−1) = 2 (Δ 0); c_2⁺ = 0/0.5 − 1 = −1 (Δ −1); c = 1 + (0 − 1)/4
     assert server.variates["p0"]["w"].tolist() == [2.0] and server.variates["p2"]["w"].tolist() == [-1.0]
     assert server.control["w"].tolist() == [0.75]
+    # c stays the mean of the N = 4 clients' c_i (p3 has none yet: zero)
+    assert sum(v["w"] for v in server.variates.values()).tolist() == [4 * 0.75]
 
 
 def test_a_late_reply_uses_the_model_and_the_correction_it_was_sent():
@@ -109,7 +111,7 @@ def test_the_state_crosses_a_restart():
     restored = ControlVariates()
     restored.load_state(server.state())
     assert restored.control["w"].tolist() == [1.0] and restored.variates["p0"]["w"].tolist() == [2.0]
-    assert restored.sent["p1"]["w"].tolist() == [1.0]
+    assert restored.sent["p1"][0] == 2 and restored.sent["p1"][1]["w"].tolist() == [1.0]
 
 
 def test_with_sgd_the_variate_is_the_mean_gradient_of_the_steps():
@@ -127,8 +129,12 @@ def test_with_sgd_the_variate_is_the_mean_gradient_of_the_steps():
         nn.functional.cross_entropy(layer(batch), target).backward()
         for name, parameter in layer.named_parameters():
             gradients[name] += parameter.grad / 4
+        before = {name: parameter.detach().clone() for name, parameter in layer.named_parameters()}
         optimizer.step()
         correction()
+        for name, parameter in layer.named_parameters():  # the paper's step: y − η (g + c − c_i)
+            expected = before[name] - 0.1 * (parameter.grad + sent[name])
+            assert torch.allclose(parameter.detach(), expected, atol=1e-7), name
     report = correction.report()
     assert report == {STEP_SIZE: pytest.approx(0.4)} and correction.steps == 4
     trained = {name: value.detach().numpy() for name, value in layer.named_parameters()}
@@ -167,13 +173,20 @@ def test_the_client_step_corrects_every_step_of_fedweigh_s_loop():
 
 
 def test_a_missing_or_foreign_correction_is_refused_with_its_name():
-    layer = nn.Linear(2, 1)
+    layer = nn.Linear(2, 1, bias=False)
     with pytest.raises(ValueError, match="no ArrayRecord 'scaffold-correction'"):
         ControlCorrection.from_instruction(layer, {}, 0.1)
     with pytest.raises(ValueError, match=r"scaffold-correction\['weight'\] has shape \(3,\)"):
         ControlCorrection(layer, {"weight": torch.zeros(3)}, 0.1)
     with pytest.raises(ValueError, match="learning_rate = 0"):
-        ControlCorrection(layer, {}, 0)
+        ControlCorrection(layer, {"weight": torch.zeros(1, 2)}, 0)
+    normed = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    everything = {name: torch.zeros_like(value, dtype=torch.float32) for name, value in normed.state_dict().items()}
+    with pytest.raises(ValueError, match=r"names 3 tensors that are not trainable parameters .*'1.running_mean'"):
+        ControlCorrection(normed, everything, 0.1)
+    with pytest.raises(ValueError, match=r"lacks 1 that are \['0.bias'\]"):
+        ControlCorrection(normed, {n: everything[n] for n in ("0.weight", "1.weight", "1.bias")}, 0.1)
+    assert corrected_parameters(normed) == ["0.weight", "0.bias", "1.weight", "1.bias"]
 
 
 def test_each_client_gets_its_own_correction_in_its_instruction():
@@ -201,3 +214,33 @@ def test_scaffold_as_the_run_config_and_the_library_build_it():
     adam = combination_problems(parse_settings({"strategy": "scaffold", "optimizer": "adam"}))
     assert "strategy = 'scaffold' with optimizer = 'adam'" in " ".join(adam)
     assert combination_problems(parse_settings({"strategy": "scaffold"})) == []
+
+
+def test_a_reply_for_another_round_s_model_changes_no_variate():
+    server = ControlVariates()
+    server.instruction_arrays("p0", w(1.0), 3)
+    update = round_of(4, w(1.0), [w(0.0)], ["p0"], [1.0], num_clients=1, model_rounds=[2], start_models={2: w(1.0)})
+    server(update)
+    assert server.variates == {} and update.diagnostics["scaffold-unmatched"] == 1 and server.sent == {}
+
+
+def test_a_round_whose_control_variate_is_not_finite_changes_nothing():
+    server = ControlVariates()
+    server.control, server.variates["p0"] = w(1.0), w(0.5)
+    server.instruction_arrays("p0", w(1.0), 1)
+    update = round_of(1, w(1.0), [w(0.0)], ["p0"], [1e-320], num_clients=1)  # K·η so small c_i overflows
+    server(update)
+    assert server.control["w"].tolist() == [1.0] and server.variates["p0"]["w"].tolist() == [0.5]
+    assert "not finite" in update.diagnostics["scaffold-kept"]
+
+
+def test_the_run_config_s_variates_are_the_trainable_parameters_not_batchnorm_s_statistics():
+    settings = validate({"strategy": "scaffold", "dataset": "digits", "model": "resnet8"})
+    server = build_strategy(settings).update
+    with torch.device("cpu"):
+        names = corrected_parameters(new_model(settings))
+    assert server.parameters == names and not any("running" in name for name in names)
+    state = {name: value.numpy() for name, value in new_model(settings).state_dict().items()}
+    sent = server.instruction_arrays("p0", state, 1)[CORRECTION]
+    assert list(sent) == names and all(sent[name].dtype == state[name].dtype for name in names)
+    assert SCAFFOLD(parameters=["w"]).update.parameters == ["w"] and SCAFFOLD().update.parameters is None

@@ -86,7 +86,8 @@ class RoundUpdate:
     num_clients : int
         How many clients the federation has (the nodes connected, or the partitions they announce).
     reports : sequence of mappings
-        Each reply's signals, every one it carried (not only the rule's).
+        Each reply's checked signals: the rule's and those of the client steps it was told to run (SCAFFOLD
+        reads its ``scaffold-step-size`` here).
     diagnostics : dict
         Filled by the update with what it did; goes into the round's record.
     """

@@ -17,8 +17,10 @@ so a run is reproducible and resumes exactly (the local models are in the
 checkpoint). A slot whose client sent no valid reply keeps its model.
 
 FedMR changes what each client is sent, so it needs a synchronous run
-(asynchrony is refused before training); it weighs every local model the
-same, so an ``aggregation`` setting is refused too.
+(asynchrony is refused before training, as is ``update-norm-bound``, which
+measures updates from the global model); it weighs every local model the
+same, so an ``aggregation`` setting is refused too. A round whose mean is not
+finite changes nothing.
 
 >>> import numpy as np
 >>> models = [{"w": np.array([float(i)]), "b": np.array([10.0 * i])} for i in range(3)]
@@ -40,7 +42,7 @@ from fedweigh.methods.fedavg.server import SAMPLE_COUNT
 from fedweigh.methods.fedmr.protocol import FedMRSettings
 from fedweigh.protocol import ARRAYS
 from fedweigh.settings import Settings
-from fedweigh.strategies.averaging import NamedArrays, weighted_average
+from fedweigh.strategies.averaging import NamedArrays, all_finite, weighted_average
 from fedweigh.strategies.library import MethodStrategy
 from fedweigh.strategies.updates import RoundUpdate, ServerUpdate
 
@@ -74,12 +76,18 @@ class Recombination(ServerUpdate):
 
     @classmethod
     def model_problems(cls, settings: Settings, model: Any) -> list[str]:
-        asynchronous = {"delay-std": settings.delay_std, "round-deadline": settings.round_deadline}
+        refused = {
+            "delay-std": (settings.delay_std, "a late reply cannot replace the local model it was sent"),
+            "round-deadline": (settings.round_deadline, "a late reply cannot replace the local model it was sent"),
+            "update-norm-bound": (
+                settings.update_norm_bound,
+                "it bounds updates from the mean, not from the local model each client started from",
+            ),
+        }
         return [
             f"strategy = 'fedmr' with {key} = {value}: FedMR sends each of a round's clients one of its local "
-            "models and replaces it with the reply, which a late reply cannot do; accepted: a synchronous run "
-            f"({key} = 0)"
-            for key, value in asynchronous.items()
+            f"models and replaces it with the reply; {why}; accepted: {key} = 0"
+            for key, (value, why) in refused.items()
             if value > 0
         ]
 
@@ -93,18 +101,26 @@ class Recombination(ServerUpdate):
         return {ARRAYS: self.local_models[slot]}
 
     def __call__(self, update: RoundUpdate) -> dict[str, np.ndarray]:
+        local_models, unmatched = list(self.local_models), 0
         for client, trained in zip(update.clients, update.models, strict=True):
             if client in self.slot_of:
-                self.local_models[self.slot_of[client]] = {name: np.array(value) for name, value in trained.items()}
+                local_models[self.slot_of[client]] = {name: np.array(value) for name, value in trained.items()}
+            else:
+                unmatched += 1  # no local model of ours was sent to it this round
         self.slot_of = {}
-        count = len(self.local_models)
-        mean = weighted_average(self.local_models, np.full(count, 1.0 / count))
+        count = len(local_models)
+        mean = weighted_average(local_models, np.full(count, 1.0 / count))
+        if unmatched:
+            update.diagnostics["fedmr-unmatched"] = unmatched
+        update.diagnostics["local-models"] = count
+        if not all_finite(mean):  # the round is not aggregated: the local models stay as they were
+            return mean
         if update.server_round > self.first_stage_rounds:
-            self.local_models = recombine(self.local_models, np.random.default_rng([self.seed, update.server_round]))
+            rng = np.random.default_rng([self.seed, update.server_round])
+            self.local_models = recombine(local_models, rng)
             update.diagnostics["recombined"] = True
         else:
             self.local_models = [{name: np.array(value) for name, value in mean.items()} for _ in range(count)]
-        update.diagnostics["local-models"] = count
         return mean
 
     def state(self) -> dict[str, Any]:

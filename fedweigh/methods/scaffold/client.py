@@ -14,7 +14,7 @@ times their learning rate), from which the server computes the new ``c_i``.
 
 For your own loop::
 
-    correction = ControlCorrection.from_instruction(model, message.content, learning_rate)
+    correction = ControlCorrection.from_instruction(model, message.content, learning_rate)  # SGD's rate
     for ...:
         loss.backward(); optimizer.step(); correction()
     metrics.update(correction.report())
@@ -42,11 +42,17 @@ from fedweigh.methods.scaffold.protocol import CORRECTION, STEP_SIZE
 from fedweigh.protocol import TrainRecipe
 
 
-class ControlCorrection:
-    """After each optimizer step: ``p ← p − η_l (c − c_i)`` for every trainable parameter the correction names.
+def corrected_parameters(model: nn.Module) -> list[str]:
+    """The names SCAFFOLD keeps variates for and corrects: the trainable parameters (not BatchNorm's statistics)."""
+    return [name for name, parameter in model.named_parameters() if parameter.requires_grad]
 
-    ``correction`` maps parameter names (``model.named_parameters()``) to ``c − c_i``; names it lacks, and
-    buffers it names (BatchNorm's statistics), are left alone.
+
+class ControlCorrection:
+    """After each optimizer step: ``p ← p − η_l (c − c_i)`` for every trainable parameter.
+
+    ``correction`` maps the trainable parameters' names (:func:`corrected_parameters`) to ``c − c_i``. A
+    correction that names anything else (a buffer, a frozen parameter) or lacks a trainable parameter is
+    refused: server and client would then disagree about the variates.
     """
 
     def __init__(self, model: nn.Module, correction: Mapping[str, torch.Tensor], learning_rate: float) -> None:
@@ -54,16 +60,25 @@ class ControlCorrection:
             raise ValueError(f"learning_rate = {learning_rate!r}: accepted: a number > 0")
         self.learning_rate = learning_rate
         self.steps = 0
+        parameters = dict(model.named_parameters())
+        trainable = corrected_parameters(model)
+        foreign = sorted(set(correction) - set(trainable))
+        missing = sorted(set(trainable) - set(correction))
+        if foreign or missing:
+            raise ValueError(
+                f"{CORRECTION} names {len(foreign)} tensors that are not trainable parameters of this model "
+                f"{foreign[:3]} and lacks {len(missing)} that are {missing[:3]}; accepted: one correction per "
+                "trainable parameter (a library SCAFFOLD strategy takes their names: parameters=...)"
+            )
         self.pairs = []
-        for name, parameter in model.named_parameters():
-            if parameter.requires_grad and name in correction:
-                value = correction[name]
-                if tuple(value.shape) != tuple(parameter.shape):
-                    raise ValueError(
-                        f"{CORRECTION}[{name!r}] has shape {tuple(value.shape)}, the parameter "
-                        f"{tuple(parameter.shape)}: the correction is for another model"
-                    )
-                self.pairs.append((parameter, value.to(parameter.device, parameter.dtype)))
+        for name in trainable:
+            parameter, value = parameters[name], correction[name]
+            if tuple(value.shape) != tuple(parameter.shape):
+                raise ValueError(
+                    f"{CORRECTION}[{name!r}] has shape {tuple(value.shape)}, the parameter "
+                    f"{tuple(parameter.shape)}: the correction is for another model"
+                )
+            self.pairs.append((parameter, value.to(parameter.device, parameter.dtype)))
 
     @classmethod
     def from_instruction(
@@ -104,11 +119,15 @@ class CorrectionStep(ClientStep):
 
     def after_training(self, context: StepContext) -> Metrics:
         if self.correction is None:
-            raise RuntimeError("SCAFFOLD's step reports after training, but it corrected no step")
+            raise RuntimeError(
+                "SCAFFOLD's step reports after training but was never given the steps to correct: the training "
+                "loop must call after_each_step(context) before training and the callable it returns after every "
+                "optimizer step (a loop of your own: ControlCorrection)"
+            )
         return self.correction.report()
 
 
 STEP_CLASSES = (CorrectionStep,)
 """This package's client steps (gathered by :mod:`fedweigh.client.registry`)."""
 
-__all__ = ["ControlCorrection", "CorrectionStep"]
+__all__ = ["ControlCorrection", "CorrectionStep", "corrected_parameters"]
