@@ -80,6 +80,7 @@ from fedweigh.protocol import (
     NUM_PARTITIONS,
     PARTITION_ID,
     SERVER_ROUND,
+    TRAIN_CPU_SECONDS,
     TRAIN_DELAY,
     TRAIN_LOSS,
     TRAIN_SECONDS,
@@ -327,6 +328,7 @@ def train(message: Message, context: Context) -> Message:
         PARTITION_ID: partition_id,
         MODEL_ROUND: server_round,
         TRAIN_SECONDS: stats.seconds,
+        TRAIN_CPU_SECONDS: stats.cpu_seconds,
         **{key: float(value) for key, value in signals.items()},
     }
     arrays_record = encode(exchanged_state(model))

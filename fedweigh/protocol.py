@@ -145,13 +145,17 @@ MODEL_ROUND = "model-round"
 """The server round whose global model the client trained (its instruction's ``server-round``)."""
 TRAIN_SECONDS = "train-seconds"
 """Wall time of local training."""
+TRAIN_CPU_SECONDS = "train-cpu-seconds"
+"""CPU time the training thread used in local training (``time.thread_time``): with one torch thread all of
+training's computing, so ``train-seconds`` less this is time the thread waited (for a CPU core, for the GIL);
+torch's other threads (``torch.set_num_threads`` above 1) and a GPU's work are not in it."""
 MC_SECONDS = "mc-seconds"
 """Wall time of UFL's MC-dropout passes."""
 CLIENT_SECONDS = "client-seconds"
 """Wall time of the ClientApp's train handler, from its start to the reply built (training and client steps
 included; what carries the message to and from the ClientApp is not): the round's wait for replies less this
 is the transport (``fedweigh benchmark overhead``)."""
-TIMING_KEYS = (TRAIN_SECONDS, MC_SECONDS, CLIENT_SECONDS)
+TIMING_KEYS = (TRAIN_SECONDS, TRAIN_CPU_SECONDS, MC_SECONDS, CLIENT_SECONDS)
 """Reply metrics that measure wall time: the only ones that differ between two runs of one config and seed."""
 EVAL_LOSS = "eval_loss"
 EVAL_ACCURACY = "eval_acc"

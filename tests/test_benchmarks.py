@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 import pytest
 from conftest import REPO
@@ -11,7 +13,13 @@ from hypothesis.extra import numpy as hnp
 
 from fedweigh.benchmarks.aggregation import run_case
 from fedweigh.benchmarks.bare import bare_federated_run
-from fedweigh.benchmarks.cli import render_table, run_benchmark
+from fedweigh.benchmarks.cli import (
+    OVERHEAD_SETTINGS,
+    overhead_settings,
+    parse_overhead_settings,
+    render_table,
+    run_benchmark,
+)
 from fedweigh.benchmarks.common import TimedRun, markdown_table, parse_node_query
 from fedweigh.benchmarks.overhead import round_breakdown
 from fedweigh.benchmarks.ray_floor import ray_round_trip
@@ -36,6 +44,8 @@ def test_bare_loop_trains_and_evaluates_every_round():
     result = bare_federated_run(config, num_partitions=4)
     assert len(result["accuracies"]) == 2 and all(0.0 < a <= 1.0 for a in result["accuracies"])
     assert all(r["train_seconds"] > 0 and r["evaluate_seconds"] > 0 for r in result["rounds"])
+    # the training thread's CPU time is part of training's wall time (one torch thread), beyond clock granularity
+    assert all(0 < r["train_cpu_seconds"] <= r["train_seconds"] + 0.01 for r in result["rounds"])
 
 
 def test_tables_render_every_benchmark_report():
@@ -68,19 +78,32 @@ def test_tables_render_every_benchmark_report():
     assert "| 30 | 30.0 | 40.0 | 0.75x | 0.700 | 0.800 | 0.88x |" in render_table("overhead", overhead)
     overhead["settings"][0]["round_breakdown"] = round_breakdown(*_timed_rounds())
     overhead["settings"][0]["ray_floor"] = {"default": {"median_ms": 9.5}, "inline_8mib": {"median_ms": 7.25}}
-    assert "| s (3) | 600 / 550 | 100 / 20 | 50 / 0 | 200 / 200 | 50 / 30 | 1000 / 800 | 2.0 | 25.0 | 9.5 | 7.2 |" in (
-        render_table("overhead", overhead)
-    )
+    parts = "600 / 550 | 500 / 520 | 100 / 20 | 50 / 0 | 200 / 200 | 50 / 30 | 1000 / 800"
+    assert f"| s (3) | {parts} | 2.0 | 25.0 | 9.5 | 7.2 |" in render_table("overhead", overhead)
 
 
 def _timed_rounds() -> tuple[TimedRun, list[dict[str, float]]]:
     """A simulation of 3 rounds, 2 clients each, and a bare loop; round 1 (start-up) differs wildly on purpose."""
-    clients = [{"train-seconds": 0.3, "client-seconds": 0.35, "bytes_sent": 2_000_000}] * 2
+    clients = [{"train-seconds": 0.3, "train-cpu-seconds": 0.25, "client-seconds": 0.35, "bytes_sent": 2_000_000}] * 2
     rows = [{"round": 1, "seconds": 9.0, "wait_seconds": 8.0, "evaluate_seconds": 0.5, "clients": clients}] + [
         {"round": r, "seconds": 1.0, "wait_seconds": 0.75, "evaluate_seconds": 0.2, "clients": clients} for r in (2, 3)
     ]
-    bare = [{"seconds": 5.0, "train_seconds": 4.0, "aggregate_seconds": 0.5, "evaluate_seconds": 0.5}] + [
-        {"seconds": 0.8, "train_seconds": 0.55, "aggregate_seconds": 0.03, "evaluate_seconds": 0.2}
+    bare = [
+        {
+            "seconds": 5.0,
+            "train_seconds": 4.0,
+            "train_cpu_seconds": 3.0,
+            "aggregate_seconds": 0.5,
+            "evaluate_seconds": 0.5,
+        }
+    ] + [
+        {
+            "seconds": 0.8,
+            "train_seconds": 0.55,
+            "train_cpu_seconds": 0.52,
+            "aggregate_seconds": 0.03,
+            "evaluate_seconds": 0.2,
+        }
     ] * 2
     return TimedRun("finished:completed", None, 20.0, rows=rows), bare
 
@@ -89,15 +112,30 @@ def test_the_round_breakdown_splits_each_side_into_parts_that_add_up_to_its_roun
     split = round_breakdown(*_timed_rounds())
     sim, bare = split["simulation"], split["bare"]
     expected_sim = {"training": 0.6, "client_other": 0.1, "transport": 0.05, "evaluation": 0.2, "server_other": 0.05}
-    assert sim == pytest.approx({**expected_sim, "round": 1.0})
+    assert sim == pytest.approx({**expected_sim, "training_cpu": 0.5, "round": 1.0})
     expected_bare = {"training": 0.55, "client_other": 0.02, "transport": 0.0, "evaluation": 0.2, "server_other": 0.03}
-    assert bare == pytest.approx({**expected_bare, "round": 0.8})
+    assert bare == pytest.approx({**expected_bare, "training_cpu": 0.52, "round": 0.8})
     for side in (sim, bare):
         parts = ("training", "client_other", "transport", "evaluation", "server_other")
         assert sum(side[part] for part in parts) == pytest.approx(side["round"])
     assert split["difference"]["round"] == pytest.approx(0.2)
     assert split["messages_per_round"] == 2 and split["message_bytes"] == 2_000_000
     assert split["transport_ms_per_message"] == pytest.approx(25.0)
+
+
+def test_the_overhead_settings_a_user_may_name_are_the_ones_the_benchmark_runs():
+    assert list(dict.fromkeys(s.name for s in overhead_settings(quick=False))) == list(OVERHEAD_SETTINGS)
+    assert {s.name for s in overhead_settings(quick=True)} <= set(OVERHEAD_SETTINGS)
+    # the in-process settings are their Ray settings but for the backend
+    by_name = {s.name: s for s in overhead_settings(quick=False)}
+    ray, in_process = by_name["fedoui-cifar10"], by_name["fedoui-cifar10-in-process"]
+    assert {k: v for k, v in in_process.run_config.items() if k != "simulation-backend"} == ray.run_config
+    with pytest.raises(
+        argparse.ArgumentTypeError,
+        match=r"--settings = 'fedoui-cifar10,cifar': unknown setting\(s\) "
+        r"cifar; accepted: .*fedoui-cifar10-in-process",
+    ):
+        parse_overhead_settings("fedoui-cifar10,cifar")
 
 
 def test_the_ray_floor_times_a_payload_through_an_actor_and_back():

@@ -55,7 +55,7 @@ def test_the_client_app_keeps_momentum_in_its_context_state(monkeypatch):
         seen.append(optimizer_state)
         buffers = {name: torch.full_like(p, float(len(seen))) for name, p in model.named_parameters()}
         kept = buffers if recipe.persist_optimizer_state else None
-        return TrainStats(1.0, len(data), 1, 0.0, optimizer_state=kept)
+        return TrainStats(1.0, len(data), 1, 0.0, 0.0, optimizer_state=kept)
 
     monkeypatch.setattr(client_app, "train_locally", fake_train)
     context = node_context(0, {"dataset": "digits", "model": "mlp"})

@@ -180,6 +180,8 @@ def test_results_folder_is_complete(runs):
         # the round's wait for replies holds each client's whole handler, which holds its training
         assert 0 < row["wait_seconds"] <= row["seconds"] and 0 < row["evaluate_seconds"] <= row["seconds"]
         assert all(0 < c["train-seconds"] <= c["client-seconds"] <= row["wait_seconds"] for c in row["clients"])
+        # the training thread cannot compute longer than training took (one torch thread), beyond clock granularity
+        assert all(0 < c["train-cpu-seconds"] <= c["train-seconds"] + 0.01 for c in row["clients"])
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["final_accuracy"] == rows[-1]["accuracy"] and summary["rounds"] == 3
     state = torch.load(folder / "model.pt")

@@ -82,7 +82,7 @@ def bare_federated_run(run_config: Mapping[str, Any], num_partitions: int) -> di
         global_state = {k: v.detach().clone() for k, v in global_model.state_dict().items()}
         recipe = TrainRecipe.from_config({**strategy.recipe, **strategy.round_values(server_round)})
         models, counts, losses = [], [], []
-        data_seconds = train_seconds = 0.0
+        data_seconds = train_seconds = train_cpu_seconds = 0.0
         for partition in chosen:  # the simulation sums replies in partition order too
             t_data = time.perf_counter()
             data = load_partition(spec, partition)
@@ -92,6 +92,7 @@ def bare_federated_run(run_config: Mapping[str, Any], num_partitions: int) -> di
                 client_model, data, recipe, transform, device, client_seed(settings.seed, server_round, partition)
             )
             train_seconds += stats.seconds
+            train_cpu_seconds += stats.cpu_seconds
             models.append({k: v.detach().cpu().numpy().copy() for k, v in client_model.state_dict().items()})
             counts.append(stats.num_examples)
             losses.append(stats.train_loss)
@@ -108,6 +109,7 @@ def bare_federated_run(run_config: Mapping[str, Any], num_partitions: int) -> di
                 "seconds": t_end - t0,
                 "data_seconds": data_seconds,
                 "train_seconds": train_seconds,
+                "train_cpu_seconds": train_cpu_seconds,
                 "aggregate_seconds": t_evaluate - t_aggregate,
                 "evaluate_seconds": t_end - t_evaluate,
             }

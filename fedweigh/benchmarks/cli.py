@@ -58,6 +58,38 @@ class Options:
     budget: float | None = None
     runs_dir: Path | None = None
     cases: list[str] | None = None
+    settings: list[str] | None = None
+
+
+OVERHEAD_SETTINGS = (
+    "fedoui-cifar10",
+    "fednolowe-mnist",
+    "fedoui-cifar10-polling",
+    "fedoui-cifar10-in-process",
+    "fednolowe-mnist-in-process",
+)
+"""The overhead benchmark's settings, in its order (fedoui-cifar10's run at 10 and at 60 rounds)."""
+
+
+def _names(text: str, option: str, kind: str, accepted: tuple[str, ...]) -> list[str]:
+    """A comma-separated list of ``accepted`` names given to ``option``; one clear error for anything else."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in names if name not in accepted]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"{option} = {text!r}: unknown {kind}(s) {', '.join(unknown) or '(none given)'}; "
+            f"accepted: a comma-separated list of {', '.join(accepted)}"
+        )
+    return names
+
+
+def parse_overhead_settings(text: str) -> list[str]:
+    """``--settings fedoui-cifar10-in-process`` -> that one setting of the overhead benchmark; a clear error otherwise.
+
+    >>> parse_overhead_settings("fedoui-cifar10-in-process, fedoui-cifar10")
+    ['fedoui-cifar10-in-process', 'fedoui-cifar10']
+    """
+    return _names(text, "--settings", "setting", OVERHEAD_SETTINGS)
 
 
 def parse_budget(text: str) -> float:
@@ -83,14 +115,7 @@ def parse_cases(text: str) -> list[str]:
     """
     from fedweigh.benchmarks.gpu_evidence import CASE_NAMES
 
-    cases = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [case for case in cases if case not in CASE_NAMES]
-    if unknown or not cases:
-        raise argparse.ArgumentTypeError(
-            f"--cases = {text!r}: unknown case(s) {', '.join(unknown) or '(none given)'}; "
-            f"accepted: comma-separated names of {', '.join(CASE_NAMES)}"
-        )
-    return cases
+    return _names(text, "--cases", "case", tuple(CASE_NAMES))
 
 
 def add_benchmark_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -136,6 +161,13 @@ def add_benchmark_parser(subparsers: argparse._SubParsersAction) -> None:
         "a first lease left skipped",
     )
     parser.add_argument(
+        "--settings",
+        type=parse_overhead_settings,
+        default=None,
+        help="overhead: only these settings, comma-separated (default: all, and the vanilla Flower peer), e.g. "
+        "fedoui-cifar10-in-process",
+    )
+    parser.add_argument(
         "--runs-dir",
         type=Path,
         default=None,
@@ -144,9 +176,10 @@ def add_benchmark_parser(subparsers: argparse._SubParsersAction) -> None:
     )
 
 
-def _overhead(quick: bool, sim: Any, _: Options, progress: Progress) -> dict[str, Any]:
+def overhead_settings(quick: bool) -> list[Any]:
+    """The overhead benchmark's settings (:class:`~fedweigh.benchmarks.common.Setting`), named as in
+    :data:`OVERHEAD_SETTINGS`."""
     from fedweigh.benchmarks.common import fednolowe_mnist, fedoui_cifar10
-    from fedweigh.benchmarks.overhead import federation_overhead, vanilla_peer
 
     settings = [fedoui_cifar10(3)] if quick else [fedoui_cifar10(10), fedoui_cifar10(60), fednolowe_mnist(5)]
     # Before and after the event-driven hand-off (strategies/wakeup.py): the CIFAR-10 settings again with
@@ -154,10 +187,21 @@ def _overhead(quick: bool, sim: Any, _: Options, progress: Progress) -> dict[str
     settings += [s.polling() for s in settings if s.name.startswith("fedoui")]
     # Ray's actors against the ClientApp in the simulation's own process (fedweigh/flower/engine.py), every setting.
     settings += [s.in_process() for s in settings if not s.name.endswith("-polling")]
+    return settings
+
+
+def _overhead(quick: bool, sim: Any, options: Options, progress: Progress) -> dict[str, Any]:
+    from fedweigh.benchmarks.overhead import federation_overhead, vanilla_peer
+
+    settings = overhead_settings(quick)
+    if options.settings:  # only these (the vanilla Flower peer is not among them)
+        settings = [s for s in settings if s.name in options.settings]
     results: list[dict[str, Any]] = []
     for setting in settings:
         results.append(federation_overhead(setting, sim, repeats=1 if quick else 2))
         progress({"settings": results})
+    if options.settings:
+        return {"settings": results, "chosen": options.settings}
     peer = vanilla_peer(sim, rounds=5 if quick else 30, repeats=1 if quick else 2)
     return {"settings": results, "peer": peer}
 
@@ -267,13 +311,15 @@ def run_benchmark(
     budget: float | None = None,
     runs_dir: Path | None = None,
     cases: list[str] | None = None,
+    settings: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run one benchmark; returns its report (with the machine it ran on).
 
     ``progress``, if given, receives the report so far (marked ``partial``)
     whenever a benchmark of several long cases finishes one, so that a run
     stopped by a time limit keeps what it measured. ``budget`` (seconds),
-    ``runs_dir`` (where its experiment runs go) and ``cases`` are gpu-evidence's.
+    ``runs_dir`` (where its experiment runs go) and ``cases`` are gpu-evidence's; ``settings`` the overhead
+    benchmark's (:data:`OVERHEAD_SETTINGS`).
     """
     from fedweigh.benchmarks.common import machine_description
 
@@ -284,7 +330,7 @@ def run_benchmark(
         if progress is not None:
             progress({"benchmark": name, "quick": quick, "machine": machine, "partial": True, **partial})
 
-    report = _RUNNERS[name](quick, sim, Options(strategies, budget, runs_dir, cases), so_far)
+    report = _RUNNERS[name](quick, sim, Options(strategies, budget, runs_dir, cases, settings), so_far)
     machine["load_average_1m_after"] = machine_description()["load_average_1m"]
     return {
         "benchmark": name,
@@ -343,6 +389,7 @@ def run_command(args: argparse.Namespace) -> int:
                 budget=args.budget,
                 runs_dir=args.runs_dir,
                 cases=args.cases,
+                settings=args.settings,
             )
             table = render_table(name, report)
             if partial_path != Path(path):

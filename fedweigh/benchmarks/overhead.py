@@ -108,6 +108,9 @@ def round_breakdown(timed: Any, bare_rounds: list[Mapping[str, float]]) -> dict[
     Simulation (``timed``, a :class:`~fedweigh.benchmarks.common.TimedRun`):
 
     * ``training``: the clients' ``train-seconds``;
+    * ``training_cpu``: the CPU time the training thread used meanwhile
+      (``train-cpu-seconds``): training less this is time it waited, for a
+      core or for the GIL, rather than computed;
     * ``client_other``: the rest of the ClientApp's train handler
       (``client-seconds`` less training: the model loaded from the message,
       data looked up, the reply's arrays built);
@@ -119,7 +122,7 @@ def round_breakdown(timed: Any, bare_rounds: list[Mapping[str, float]]) -> dict[
     * ``server_other``: the rest of the round, outside that wait (sampling,
       instructions, reply checks, aggregation, recording, checkpoint).
 
-    Bare loop: ``training``; ``client_other`` (per client: the cached
+    Bare loop: ``training`` and ``training_cpu`` (measured alike); ``client_other`` (per client: the cached
     partition, loading the global model, copying the result);
     ``evaluation``; ``server_other`` (sampling and aggregation).
     ``difference`` is simulation less bare.
@@ -129,9 +132,11 @@ def round_breakdown(timed: Any, bare_rounds: list[Mapping[str, float]]) -> dict[
     waits = timed.round_field(WAIT_SECONDS)[1:]
     handlers = timed.summed(CLIENT_SECONDS)[1:]
     training = timed.train_seconds()[1:]
+    training_cpu = timed.train_cpu_seconds()[1:]
     evaluation = timed.round_field(EVALUATE_SECONDS)[1:]
     sim = {
         "training": _mean(training),
+        "training_cpu": _mean(training_cpu),
         "client_other": _mean([h - t for h, t in zip(handlers, training, strict=True)]),
         "transport": _mean([w - h for w, h in zip(waits, handlers, strict=True)]),
         "evaluation": _mean(evaluation),
@@ -141,6 +146,7 @@ def round_breakdown(timed: Any, bare_rounds: list[Mapping[str, float]]) -> dict[
     later = bare_rounds[1:]
     bare = {
         "training": _mean([r["train_seconds"] for r in later]),
+        "training_cpu": _mean([r["train_cpu_seconds"] for r in later]),
         "client_other": _mean(
             [r["seconds"] - r["train_seconds"] - r["aggregate_seconds"] - r["evaluate_seconds"] for r in later]
         ),

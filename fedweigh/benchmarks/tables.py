@@ -56,7 +56,7 @@ def _overhead_table(settings: list[dict[str, Any]], gpu: bool) -> str:
     return markdown_table(header, rows)
 
 
-_PARTS = ("training", "client_other", "transport", "evaluation", "server_other", "round")
+_PARTS = ("training", "training_cpu", "client_other", "transport", "evaluation", "server_other", "round")
 
 
 def _breakdown_table(settings: list[dict[str, Any]]) -> str:
@@ -73,7 +73,7 @@ def _breakdown_table(settings: list[dict[str, Any]]) -> str:
         rows.append(
             [
                 f"{r['setting']} ({r['rounds']})",
-                *[f"{ms(split['simulation'][p])} / {ms(split['bare'][p])}" for p in _PARTS],
+                *[f"{ms(split['simulation'].get(p))} / {ms(split['bare'].get(p))}" for p in _PARTS],
                 _fmt(split["messages_per_round"], 1),
                 _fmt(split["transport_ms_per_message"], 1),
                 _fmt(floor.get("default", {}).get("median_ms"), 1),
@@ -83,6 +83,7 @@ def _breakdown_table(settings: list[dict[str, Any]]) -> str:
     header = [
         "setting (rounds)",
         "training",
+        "of it: training thread's CPU",
         "client handler, rest",
         "transport",
         "central evaluation",

@@ -80,6 +80,7 @@ class TrainStats:
     num_examples: int
     steps: int
     seconds: float
+    cpu_seconds: float  # the calling thread's CPU time (time.thread_time) over the same span
     optimizer_state: OptimizerState | None = None  # kept when the recipe asks (persist-optimizer-state)
 
 
@@ -215,7 +216,7 @@ def train_locally(
             "excluded from the round); a partitioner that leaves clients empty, e.g. Dirichlet with a small "
             "dirichlet-alpha over few images or class-sorted data, needs more images per client or fewer clients"
         )
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.thread_time()
     model.to(device)
     train_mode(model)  # frozen BatchNorm layers (a frozen pretrained body) stay in eval mode
     precision = autocast(recipe.mixed_precision, device)
@@ -263,6 +264,7 @@ def train_locally(
         num_examples=len(data),
         steps=steps,
         seconds=time.perf_counter() - started,
+        cpu_seconds=time.thread_time() - started_cpu,
         optimizer_state=kept or None,
     )
 
