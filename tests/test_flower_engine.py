@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from queue import Queue
+from queue import Empty, Queue
 from types import SimpleNamespace
 from typing import Any
 
@@ -46,6 +46,7 @@ from fedweigh.flower.engine import (
     ENGINE,
     HUB,
     NODES,
+    StoppingQueue,
     applies_to,
     event_driven_extractor,
     in_process_backend,
@@ -86,6 +87,13 @@ def test_flower_is_the_version_the_hand_off_was_checked_against():
     actor_run = inspect.getsource(ClientAppActor.run)  # what the in-process backend does without the actor
     assert "app(message=message, context=context)" in actor_run and "raise ClientAppException(str(ex))" in actor_run
     assert "initial_run_config=initial_run_config" in inspect.getsource(DeprecatedRunInfoStore.register_context)
+    # the engine's queues, as run_api makes them and its threads take from them (StoppingQueue)
+    run_api_source = inspect.getsource(inspect.unwrap(vce_api.run_api))
+    assert "messageins_queue: Queue[Message] = Queue()" in run_api_source and "f_stop,\n" in run_api_source
+    assert "messageins_queue.get(timeout=1.0)" in inspect.getsource(vce_api.worker)
+    assert "queue.get(timeout=1.0)" in inspect.getsource(vce_api.put_message_into_state)
+    assert list(inspect.signature(inspect.unwrap(vce_api.run_api)).parameters)[5] == "f_stop"
+    assert vce_api.Queue is StoppingQueue
 
 
 @pytest.mark.sim
@@ -368,14 +376,59 @@ def test_the_engine_builds_the_backend_the_run_config_names(backend):
     def run_api(*args: Any) -> None:  # Flower's run_api, as far as the wrapper can tell
         calls.append(args)
 
-    ray_backend = object()
+    ray_backend, stop = object(), threading.Event()
     stores = node_stores({"simulation-backend": backend})
-    engine._publishing(run_api)("app_fn", ray_backend, {}, "state", stores, "stop", "metrics")
+    engine._publishing(run_api)("app_fn", ray_backend, {}, "state", stores, stop, "metrics")
+    stop.set()
     ((app_fn, backend_fn, *rest),) = calls
-    assert app_fn == "app_fn" and rest == [{}, "state", stores, "stop", "metrics"]
+    assert app_fn == "app_fn" and rest == [{}, "state", stores, stop, "metrics"]
     assert ENGINE.backend == backend
     assert (backend_fn is in_process_backend) == (backend == "in-process")
     assert (backend_fn is ray_backend) == (backend == "ray")
+
+
+def test_a_wait_on_an_engine_queue_ends_when_the_engine_stops():
+    """Flower's engine threads wait 1 s on their queues between looks at the stop event; setting it ends the wait.
+
+    The waits' time limit (60 s) is far beyond the test's join (10 s): only the stop can end them in time.
+    """
+    stop = threading.Event()
+    instructions, replies = StoppingQueue(), StoppingQueue()
+    ended: list[str] = []
+
+    def take(queue: StoppingQueue, name: str) -> None:
+        with pytest.raises(Empty):
+            queue.get(timeout=60.0)
+        ended.append(name)
+
+    takers = [threading.Thread(target=take, args=(q, n)) for q, n in ((instructions, "worker"), (replies, "injector"))]
+    for taker in takers:
+        taker.start()
+    watcher = threading.Thread(target=engine.stop_when_set, args=(stop,))
+    watcher.start()
+    stop.set()
+    for thread in (*takers, watcher):
+        thread.join(timeout=10)
+    assert sorted(ended) == ["injector", "worker"] and not any(t.is_alive() for t in (*takers, watcher))
+    # once stopped, a get never waits: an item is still returned, an empty queue raises at once
+    instructions.put("late")
+    assert instructions.get(timeout=60.0) == "late"
+    with pytest.raises(Empty):
+        instructions.get()
+
+
+def test_an_engine_queue_before_its_stop_is_a_plain_queue():
+    queue = StoppingQueue()
+    with pytest.raises(Empty):
+        queue.get(timeout=0.0)
+    with pytest.raises(Empty):
+        queue.get(block=False)
+    got: list[Any] = []
+    taker = threading.Thread(target=lambda: got.append(queue.get()))  # no timeout: waits for the item
+    taker.start()
+    queue.put("instruction")
+    taker.join(timeout=10)
+    assert got == ["instruction"] and queue.empty()
 
 
 def test_the_in_process_backend_runs_the_client_app_on_the_message_in_this_process():
