@@ -391,12 +391,6 @@ class TimedRun:
 
         return self.summed(TRAIN_SECONDS)
 
-    def train_cpu_seconds(self) -> list[float]:
-        """Per round: the summed ``train-cpu-seconds`` (the training threads' CPU time) the clients report."""
-        from fedweigh.protocol import TRAIN_CPU_SECONDS
-
-        return self.summed(TRAIN_CPU_SECONDS)
-
     def summed(self, key: str) -> list[float]:
         """Per round: the sum of the reply metric ``key`` over the round's clients (0 where none reports it)."""
         return [sum(float(c.get(key, 0.0)) for c in row.get("clients", [])) for row in self.rows]

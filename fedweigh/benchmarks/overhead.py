@@ -41,7 +41,7 @@ import numpy as np
 
 from fedweigh.benchmarks.common import APP_DIR, CpuSampler, Setting, run_timed, simulation_roots
 from fedweigh.benchmarks.ray_floor import ray_round_trip
-from fedweigh.protocol import CLIENT_SECONDS
+from fedweigh.protocol import CLIENT_SECONDS, TRAIN_CPU_SECONDS
 from fedweigh.results import EVALUATE_SECONDS, WAIT_SECONDS
 
 __all__ = [
@@ -132,7 +132,7 @@ def round_breakdown(timed: Any, bare_rounds: list[Mapping[str, float]]) -> dict[
     waits = timed.round_field(WAIT_SECONDS)[1:]
     handlers = timed.summed(CLIENT_SECONDS)[1:]
     training = timed.train_seconds()[1:]
-    training_cpu = timed.train_cpu_seconds()[1:]
+    training_cpu = timed.summed(TRAIN_CPU_SECONDS)[1:]
     evaluation = timed.round_field(EVALUATE_SECONDS)[1:]
     sim = {
         "training": _mean(training),
