@@ -25,7 +25,7 @@ from fedweigh.arrays import decode, encode, to_tensors
 from fedweigh.client.training import evaluate
 from fedweigh.components import batch_transform, configure_torch, new_model, resolve_device, server_and_test_data
 from fedweigh.data.tensors import ImageTensors
-from fedweigh.flower import objects
+from fedweigh.flower import logs, objects
 from fedweigh.flower.engine import prepare_if_simulating
 from fedweigh.methods.catalog import STEPS
 from fedweigh.methods.registry import plan_run
@@ -61,6 +61,7 @@ logger = logging.getLogger("flwr.fedweigh")
 # to make the hand-off event-driven (fedweigh/flower/engine.py). Elsewhere (a SuperNode, the CLI) nothing changes.
 prepare_if_simulating()
 objects.install()  # in a deployment: a reply's content not stored yet is asked for again after 0.05 s, not 1 s
+logs.install()  # on exit: the final status is pushed once the last log lines are uploaded, not 1 s later
 
 app = ServerApp()
 

@@ -510,12 +510,13 @@ def test_importing_fedweigh_changes_nothing_in_flower():
     """The library (strategies, client signals) imported into a process that has Flower's simulation engine loaded
     leaves the engine as Flower made it; the ServerApp module installs the hand-off explicitly."""
     script = (
-        "import importlib, flwr.server.superlink.fleet.vce.vce_api as vce\n"
-        "before = (vce.add_messages_to_queue, vce.run_api)\n"
+        "import importlib, flwr.server.superlink.fleet.vce.vce_api as vce, flwr.simulation.app as sim\n"
+        "before = (vce.add_messages_to_queue, vce.run_api, sim.flush_logs)\n"
         "import fedweigh, fedweigh.strategies.library, fedweigh.client, fedweigh.launch.flwr_cli\n"
-        "assert (vce.add_messages_to_queue, vce.run_api) == before, 'changed by import fedweigh'\n"
+        "assert (vce.add_messages_to_queue, vce.run_api, sim.flush_logs) == before, 'changed by import fedweigh'\n"
         "importlib.import_module('fedweigh.server_app')\n"
         "assert vce.add_messages_to_queue is not before[0], 'not installed by the ServerApp module'\n"
+        "assert sim.flush_logs is not before[2], 'the log flush not installed by the ServerApp module'\n"
         "print('ok')\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)

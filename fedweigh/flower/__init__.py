@@ -22,10 +22,13 @@ module            what changes, and what installs it                          pi
                   ServerApp module and ``fedweigh-supernode``
 :mod:`.walk`      the ``flwr`` CLI's file walk when it builds a FAB;          ``tests/test_flower_walk.py``
                   ``install()``, called by ``fedweigh.launch.flwr_cli``
+:mod:`.logs`      a run's process pushes its final status once its last log   ``tests/test_flower_logs.py``
+                  lines are uploaded, not after a fixed 1 s; ``install()``,
+                  called by the ServerApp module
 ================  ==========================================================  ================================
 
 With another Flower version each change stays out: the engine (saying so in
-the run's log), the object pulls and the CLI walk leave Flower as it is;
+the run's log), the object pulls, the log flush and the CLI walk leave Flower as it is;
 ``fedweigh-superexec`` and ``fedweigh-supernode`` refuse to start and name
 Flower's own process to use instead.
 
